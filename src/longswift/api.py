@@ -1,0 +1,153 @@
+"""The Python API: `longswift.load(...)` -> `Engine`, whose `generate` / `stream` run a whole job.
+
+    engine = longswift.load("path/to/model")
+    result = engine.generate("Once upon a time", max_new_tokens=200)
+    for piece in engine.stream("Once upon a time", max_new_tokens=200):
+        print(piece.text, end="")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoint import DTYPES, Checkpoint
+from .config import SamplingConfig, StopConfig
+from .decoding import ARDecoder, Decoder, drive
+from .errors import ConfigError, PromptError
+from .sampling import TokenChooser
+from .transcript import Piece, Transcript
+
+
+@dataclass
+class GenerationResult:
+    """What a finished generation returns: the text, the new token ids, why it ended, and measurements."""
+
+    text: str
+    token_ids: list[int]
+    prompt_ids: list[int]
+    finish_reason: str
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class GenerationStream:
+    """Iterate to receive `Piece`s as tokens are accepted; `result` is set once iteration ends."""
+
+    def __init__(self, pieces: Iterator[Piece], finish: Any) -> None:
+        self._pieces = pieces
+        self._finish = finish
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[Piece]:
+        yield from self._pieces
+        self.result = self._finish()
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {device!r}; use cpu, cuda, cuda:N or auto") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device cuda requested but CUDA is not available")
+    return dev
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """'auto' is fp32 on CPU (its single-token kernels are the fastest there) and bf16 on GPUs that have it."""
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; use fp32, bf16, fp16 or auto")
+    return DTYPES[dtype]
+
+
+class Engine:
+    """A loaded model with its tokenizer; runs generation jobs."""
+
+    def __init__(self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> None:
+        self.checkpoint = checkpoint
+        self.device = device
+        self.dtype = dtype
+        self.model = checkpoint.load_model(device, dtype)
+        self.tokenizer = checkpoint.load_tokenizer()
+        self.eos_token_ids = checkpoint.eos_token_ids() or _tokenizer_eos(self.tokenizer)
+
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise PromptError("the prompt is empty")
+            return list(self.tokenizer(prompt)["input_ids"])
+        if not prompt:
+            raise PromptError("the prompt is empty")
+        return list(prompt)
+
+    def stream(self, prompt: str | list[int], max_new_tokens: int = 256, *, sampling: SamplingConfig | None = None,
+               seed: int | None = None, stop_strings: tuple[str, ...] = (), ignore_eos: bool = False,
+               mode: str = "ar") -> GenerationStream:
+        """Start a generation; iterate the returned stream for text pieces, then read `.result`."""
+        sampling = sampling or SamplingConfig()
+        stop = StopConfig(max_new_tokens, self.eos_token_ids, tuple(stop_strings), ignore_eos)
+        prompt_ids = self.encode(prompt)
+        self._check_fits(len(prompt_ids), max_new_tokens)
+        decoder = self._decoder(mode, sampling, seed, len(prompt_ids) + max_new_tokens)
+        transcript = Transcript(self.tokenizer, stop)
+        decoder.start(prompt_ids)
+        return GenerationStream(drive(decoder, transcript), lambda: _result(decoder, transcript, prompt_ids))
+
+    def generate(self, prompt: str | list[int], max_new_tokens: int = 256, **options: Any) -> GenerationResult:
+        """Run a whole generation; options as for `stream`."""
+        stream = self.stream(prompt, max_new_tokens, **options)
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    def _decoder(self, mode: str, sampling: SamplingConfig, seed: int | None, capacity: int) -> Decoder:
+        generator = None
+        if not sampling.greedy:
+            generator = torch.Generator(self.device).manual_seed(seed if seed is not None else _random_seed())
+        chooser = TokenChooser(sampling, generator)
+        if mode == "ar":
+            return ARDecoder(self.model, chooser, capacity)
+        raise ConfigError(f"unknown mode {mode!r}; use ar")
+
+    def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
+        limit = self.model.cfg.max_position_embeddings
+        if prompt_len >= limit:
+            raise PromptError(f"prompt has {prompt_len:,} tokens but the model supports {limit:,} positions")
+        if prompt_len + max_new_tokens > limit:
+            raise PromptError(f"prompt ({prompt_len:,} tokens) + max-new-tokens ({max_new_tokens:,}) exceeds the "
+                              f"model's {limit:,} positions")
+
+
+def load(model: str | Path, *, device: str = "auto", dtype: str = "auto") -> Engine:
+    """Load a local Hugging Face checkpoint directory (safetensors) onto `device` in `dtype`."""
+    dev = resolve_device(device)
+    return Engine(Checkpoint.open(model), dev, resolve_dtype(dtype, dev))
+
+
+def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int]) -> GenerationResult:
+    times = decoder.timer.totals
+    decode_s = times.get("decode", 0.0)
+    n = len(transcript.ids)
+    stats = {"mode": decoder.mode, "new_tokens": n, "prefill_s": times.get("prefill", 0.0), "decode_s": decode_s,
+             "tokens_per_s": n / decode_s if decode_s > 0 else 0.0, **decoder.stats()}
+    return GenerationResult(transcript.text, list(transcript.ids), prompt_ids, transcript.finish_reason or "", stats)
+
+
+def _tokenizer_eos(tokenizer: Any) -> tuple[int, ...]:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return (int(eos),) if eos is not None else ()
+
+
+def _random_seed() -> int:
+    return int(torch.randint(0, 2**62, ()).item())

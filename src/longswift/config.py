@@ -1,0 +1,208 @@
+"""Frozen configuration objects: the model (read from config.json), sampling, and the generation job.
+
+Configuration is data, validated once when it is built, so the hot loops never re-check it. Architecture
+differences between Llama, Qwen2 and Mistral are fields here (biases, RoPE scaling, sliding window), never
+separate model code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import CheckpointError, ConfigError
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary position embedding parameters, in Hugging Face's vocabulary (`rope_scaling` / `rope_parameters`)."""
+
+    theta: float = 10000.0
+    type: str = "default"
+    factor: float = 1.0
+    original_max_position_embeddings: int | None = None
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    attention_factor: float | None = None  # yarn: cos/sin multiplier; None = derived from factor
+    mscale: float | None = None  # yarn (DeepSeek style)
+    mscale_all_dim: float | None = None  # yarn
+    truncate: bool = True  # yarn
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a Llama-family decoder, as read from a checkpoint's config.json."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    sliding_window: int | None = None
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (1 for MHA)."""
+        return self.num_heads // self.num_kv_heads
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        """Build from a parsed config.json; raise `CheckpointError` for anything we cannot run exactly."""
+        archs = raw.get("architectures") or []
+        arch = archs[0] if archs else _arch_from_model_type(raw.get("model_type"))
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise CheckpointError(
+                f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        try:
+            return _model_config(arch, raw)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"config.json is missing or has a bad value for {exc}") from None
+
+
+def _arch_from_model_type(model_type: str | None) -> str | None:
+    return {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}.get(
+        model_type or ""
+    )
+
+
+def _model_config(arch: str, raw: dict[str, Any]) -> ModelConfig:
+    heads = int(raw["num_attention_heads"])
+    kv_heads = int(raw.get("num_key_value_heads") or heads)
+    if heads % kv_heads:
+        raise CheckpointError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+    hidden = int(raw["hidden_size"])
+    if raw.get("hidden_act", "silu") not in ("silu", "swish"):
+        raise CheckpointError(f"unsupported hidden_act {raw['hidden_act']!r}; only silu is supported")
+    is_qwen = arch == "Qwen2ForCausalLM"
+    if is_qwen and raw.get("use_sliding_window"):
+        raise CheckpointError("Qwen2 with use_sliding_window=true is not supported (per-layer windows)")
+    attention_bias = bool(raw.get("attention_bias", False))
+    window = raw.get("sliding_window") if arch == "MistralForCausalLM" else None
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=int(raw["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(raw["intermediate_size"]),
+        num_layers=int(raw["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=int(raw.get("head_dim") or hidden // heads),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope=_rope_config(raw),
+        qkv_bias=is_qwen or attention_bias,
+        o_bias=attention_bias and not is_qwen,
+        mlp_bias=bool(raw.get("mlp_bias", False)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        sliding_window=int(window) if window else None,
+    )
+
+
+def _rope_config(raw: dict[str, Any]) -> RopeConfig:
+    """Read RoPE settings from either the legacy (`rope_theta` + `rope_scaling`) or the v5 (`rope_parameters`) form."""
+    params = dict(raw.get("rope_parameters") or {})
+    params.update(raw.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise CheckpointError(
+            f"unsupported rope scaling type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+            + (" (dynamic NTK changes frequencies with the running length, so cached keys drift)"
+               if rope_type == "dynamic" else "")
+        )
+    if rope_type != "default" and params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise CheckpointError("partial_rotary_factor != 1 is not supported")
+    original = params.get("original_max_position_embeddings")
+    if rope_type in ("llama3", "yarn") and original is None:
+        original = raw.get("max_position_embeddings")
+    factor = params.get("factor")
+    if factor is None and rope_type == "yarn" and original:
+        factor = raw["max_position_embeddings"] / original
+    return RopeConfig(
+        theta=theta,
+        type=rope_type,
+        factor=float(factor if factor is not None else 1.0),
+        original_max_position_embeddings=int(original) if original else None,
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        beta_fast=float(params.get("beta_fast") or 32.0),
+        beta_slow=float(params.get("beta_slow") or 1.0),
+        attention_factor=params.get("attention_factor"),
+        mscale=params.get("mscale"),
+        mscale_all_dim=params.get("mscale_all_dim"),
+        truncate=bool(params.get("truncate", True)),
+    )
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How a next token is chosen from logits; shared verbatim by AR decoding and TokenSwift verification.
+
+    Processing order (same as `transformers`): repetition penalty, temperature, top-k, top-p, min-p, eta.
+    temperature == 0 means greedy (argmax of the penalised logits).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    eta: float = 0.0  # eta sampling cutoff (Hewitt et al. 2022); 0 = off
+    repetition_penalty: float = 1.0  # 1 = off; >1 discourages tokens in the window
+    penalty_window: int = 0  # last W tokens (prompt included); 0 = the whole context
+
+    def __post_init__(self) -> None:
+        _check(self.temperature >= 0 and math.isfinite(self.temperature),
+               f"temperature must be >= 0, got {self.temperature}")
+        _check(self.top_k >= 0, f"top-k must be >= 0, got {self.top_k}")
+        _check(0 < self.top_p <= 1, f"top-p must be in (0, 1], got {self.top_p}")
+        _check(0 <= self.min_p < 1, f"min-p must be in [0, 1), got {self.min_p}")
+        _check(0 <= self.eta < 1, f"eta must be in [0, 1), got {self.eta}")
+        _check(self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty),
+               f"repetition penalty must be > 0, got {self.repetition_penalty}")
+        _check(self.penalty_window >= 0, f"penalty window must be >= 0, got {self.penalty_window}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @classmethod
+    def paper(cls, **changes: float | int) -> SamplingConfig:
+        """The TokenSwift paper's long-generation settings: temperature 1, min-p 0.1, penalty 1.2 over 1024 tokens."""
+        base: dict[str, float | int] = dict(temperature=1.0, min_p=0.1, repetition_penalty=1.2, penalty_window=1024)
+        return cls(**{**base, **changes})  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class StopConfig:
+    """When a generation ends: a token budget, end-of-sequence ids, and stop strings."""
+
+    max_new_tokens: int = 256
+    eos_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    ignore_eos: bool = False  # fixed-length jobs (benchmarks, 100K runs) must not end at a document break
+
+    def __post_init__(self) -> None:
+        _check(self.max_new_tokens >= 1, f"max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        _check(all(s for s in self.stop_strings), "stop strings must not be empty")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)

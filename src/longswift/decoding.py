@@ -1,0 +1,143 @@
+"""Decoding loops: prefill, the autoregressive (AR) baseline, and the driver that feeds a transcript.
+
+A decoder is anything with `start(prompt_ids)` and `step() -> list[int]` (the tokens decided by one step:
+one for AR, an accepted block for TokenSwift). The driver pushes them into a `Transcript`, which applies the
+stop rules token by token, and yields streamed `Piece`s. Timing is split so that prefill never flatters or
+hurts decoding speed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from .cache import KVCache
+from .model import Cache, Transformer
+from .sampling import TokenChooser
+from .transcript import Piece, Transcript
+
+PREFILL_CHUNK = 512
+
+
+def prefill(model: Transformer, cache: Cache, ids: Tensor, chunk: int = PREFILL_CHUNK) -> Tensor:
+    """Run `ids` (n,) through `model` in chunks, committing every row -> pre-norm hidden of the last token (hidden,).
+
+    Chunking bounds the attention mask to (chunk, n) and the activations to `chunk` rows, so a 100K-token prompt
+    never materialises a quadratic mask.
+    """
+    hidden = None
+    start = cache.end
+    for lo in range(0, ids.shape[0], chunk):
+        part = ids[lo: lo + chunk]
+        positions = torch.arange(start + lo, start + lo + part.shape[0], device=ids.device)
+        hidden = model(part[None], positions, cache)[0, -1]
+        cache.commit()
+    if hidden is None:
+        raise ValueError("prefill needs at least one token")
+    return hidden
+
+
+class Context:
+    """The decided token ids (prompt + accepted tokens) in a preallocated buffer on the model's device."""
+
+    def __init__(self, capacity: int, device: torch.device) -> None:
+        self._buf = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.length = 0
+
+    def extend(self, tokens: list[int] | Tensor) -> None:
+        n = len(tokens)
+        self._buf[self.length: self.length + n] = torch.as_tensor(tokens, device=self._buf.device)
+        self.length += n
+
+    def ids(self) -> Tensor:
+        """(length,) view of the decided ids."""
+        return self._buf[: self.length]
+
+
+@dataclass
+class Timer:
+    """Wall-clock split of a generation; synchronises CUDA so that asynchronous kernels are counted."""
+
+    device: torch.device
+    totals: dict[str, float] = field(default_factory=dict)
+
+    def now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def add(self, key: str, since: float) -> float:
+        t = self.now()
+        self.totals[key] = self.totals.get(key, 0.0) + t - since
+        return t
+
+
+class Decoder(Protocol):
+    timer: Timer
+    mode: str
+
+    def start(self, prompt_ids: list[int]) -> None: ...
+
+    def step(self) -> list[int]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+class ARDecoder:
+    """Plain autoregressive decoding over the full static cache: one forward per token, no mask."""
+
+    mode = "ar"
+
+    def __init__(self, model: Transformer, chooser: TokenChooser, capacity: int) -> None:
+        self.model = model
+        self.chooser = chooser
+        self.cache = KVCache(model.cfg, capacity, device=model.device, dtype=model.dtype)
+        self.context = Context(capacity, model.device)
+        self.timer = Timer(model.device)
+        self._logits: Tensor | None = None
+        self._unfed: int | None = None  # the last chosen token, fed to the model at the next step
+
+    @torch.inference_mode()
+    def start(self, prompt_ids: list[int]) -> None:
+        t0 = self.timer.now()
+        self.context.extend(prompt_ids)
+        hidden = prefill(self.model, self.cache, self.context.ids())
+        self._logits = self.model.logits(hidden)
+        self.timer.add("prefill", t0)
+
+    @torch.inference_mode()
+    def step(self) -> list[int]:
+        t0 = self.timer.now()
+        if self._unfed is not None:
+            pos = self.context.length - 1
+            tokens = torch.tensor([[self._unfed]], device=self.model.device)
+            hidden = self.model(tokens, torch.tensor([pos], device=self.model.device), self.cache)
+            self.cache.commit()
+            self._logits = self.model.logits(hidden[0, -1])
+        token = self.chooser.choose(self._logits, self.context.ids())
+        self.context.extend([token])
+        self._unfed = token
+        self.timer.add("decode", t0)
+        return [token]
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+
+def drive(decoder: Decoder, transcript: Transcript) -> Iterator[Piece]:
+    """Step `decoder` until the transcript says stop, yielding the text that became final after each step."""
+    while not transcript.done:
+        for token in decoder.step():
+            if transcript.push(token):
+                break
+        piece = transcript.take()
+        if piece.text or piece.token_ids:
+            yield piece
+    last = transcript.flush()
+    if last.text or last.token_ids:
+        yield last

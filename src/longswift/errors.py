@@ -1,0 +1,30 @@
+"""The exceptions a user of longswift can see.
+
+Every mistake a user can make (a bad path, a bad flag value, a prompt that does not fit) raises a subclass of
+`LongswiftError` whose message is one line with the numbers that were wrong. The CLI prints that line and exits
+non-zero; anything else escaping is a bug in longswift, not in the user's input.
+"""
+
+
+class LongswiftError(Exception):
+    """Base class of all user-facing errors."""
+
+
+class CheckpointError(LongswiftError):
+    """A model directory is missing, incomplete, corrupt or of an unsupported architecture."""
+
+
+class ConfigError(LongswiftError):
+    """A sampling, speculation or generation setting is out of range."""
+
+
+class PromptError(LongswiftError):
+    """A prompt is empty, unreadable, or does not fit the model."""
+
+
+class HeadsError(LongswiftError):
+    """Draft heads are missing, corrupt, or were trained for another model."""
+
+
+class UsageError(LongswiftError):
+    """A command line that cannot be parsed (unknown flag, missing value, wrong type)."""

@@ -1,0 +1,177 @@
+"""One Llama-family decoder (Llama 2/3.x, Qwen2/2.5, Mistral): MHA or GQA, biases and RoPE scaling by config.
+
+Parameter names are Hugging Face's, so checkpoints load without conversion. The model takes
+(tokens, positions, cache, tree_mask) and returns hidden states; it never knows whether it was handed the full
+cache (prefill, AR decoding, verification) or a partial one (drafting). The output is the last decoder layer's
+output *before* the final norm, because TokenSwift's draft heads read exactly that; `logits()` finishes the job.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+from .rope import apply_rope, inverse_frequencies, rope_tables
+
+
+class Cache(Protocol):
+    """What the model needs from a cache: write this forward's keys/values, then advance."""
+
+    rows_are_positions: bool
+
+    @property
+    def end(self) -> int: ...
+
+    def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def advance(self, n: int) -> None: ...
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Normalise in fp32 and scale in the input dtype, exactly as the reference does (matters in bf16).
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """q (B, Hq, T, D), k/v (B, Hkv, Tk, D), mask (T, Tk) bool True=attend or None=all -> (B, Hq, T, D).
+
+    GQA without copying keys: the G query heads sharing a KV head are consecutive, so they are folded into the
+    query-time axis and every KV head is attended once (one matmul per KV head, no repeat_kv).
+    """
+    b, hq, t, d = q.shape
+    hkv = k.shape[1]
+    group = hq // hkv
+    q = q.reshape(b, hkv, group * t, d)
+    if mask is not None and group > 1:
+        mask = mask.repeat(group, 1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return out.reshape(b, hq, t, d)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, q_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.o_bias)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: Cache, layer: int,
+                mask: Tensor | None) -> Tensor:
+        """x (B, T, hidden) -> (B, T, hidden); this forward's keys/values go into `cache`."""
+        b, t, _ = x.shape
+        d = self.cfg.head_dim
+        q = self.q_proj(x).view(b, t, -1, d).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, -1, d).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, -1, d).transpose(1, 2)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        k_all, v_all = cache.write(layer, k, v)
+        out = attend(q, k_all, v_all, mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: Cache, layer: int,
+                mask: Tensor | None) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """Named `model` inside `Transformer` so parameter names match Hugging Face's `model.layers.N...`."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Transformer(nn.Module):
+    """A causal LM. `forward` -> pre-norm hidden states; `logits` -> fp32 next-token logits."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.inv_freq, self.rope_scaling = inverse_frequencies(cfg.rope, cfg.head_dim)
+
+    def setup_rope(self, device: torch.device | str) -> None:
+        """Recompute RoPE frequencies on `device` (needed after building the module on the meta device)."""
+        inv_freq, self.rope_scaling = inverse_frequencies(self.cfg.rope, self.cfg.head_dim)
+        self.inv_freq = inv_freq.to(device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def forward(self, tokens: Tensor, positions: Tensor, cache: Cache, tree_mask: Tensor | None = None) -> Tensor:
+        """tokens (B, T), positions (T,) -> hidden (B, T, hidden) before the final norm.
+
+        Cached rows are all visible (subject to a sliding window); among the T new tokens attention is causal,
+        or follows `tree_mask` (T, T) bool True=attend when the new tokens form a candidate tree.
+        """
+        x = self.model.embed_tokens(tokens)
+        rope = rope_tables(self.inv_freq, self.rope_scaling, positions, x.dtype)
+        mask = self._mask(positions, cache, tree_mask)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, rope, cache, i, mask)
+        cache.advance(tokens.shape[1])
+        return x
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """hidden (..., hidden) pre-norm -> logits (..., vocab) in fp32."""
+        return self.lm_head(self.model.norm(hidden)).float()
+
+    def _mask(self, positions: Tensor, cache: Cache, tree_mask: Tensor | None) -> Tensor | None:
+        """(T, past+T) bool, or None when every cached row and the single new token see everything."""
+        t, past, window = positions.shape[0], cache.end, self.cfg.sliding_window
+        windowed = window is not None and cache.rows_are_positions and past + t > window
+        if t == 1 and not windowed:
+            return None  # the fast path of plain decoding: no mask at all
+        device = positions.device
+        new = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        mask = torch.cat([torch.ones(t, past, dtype=torch.bool, device=device), new], dim=1)
+        if windowed:
+            key_pos = torch.cat([torch.arange(past, device=device), positions])
+            mask &= (positions[:, None] - key_pos[None, :]) < window
+        return mask

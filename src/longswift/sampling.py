@@ -1,0 +1,101 @@
+"""Choosing a token from one row of logits: repetition penalty, temperature, top-k, top-p, min-p, eta, draw.
+
+AR decoding and TokenSwift verification call the very same `TokenChooser.choose` on a single row with that
+row's own penalty window, so the two can only differ by the logits they are handed, never by processing.
+Each sampled choice consumes exactly one uniform number from the explicit generator (inverse-CDF draw), so a
+seeded TokenSwift run and a seeded AR run consume randomness in lockstep.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .config import SamplingConfig
+
+
+def apply_penalty(logits: Tensor, window: Tensor, penalty: float) -> Tensor:
+    """logits (V,), window (w,) token ids -> new logits with each token present in `window` penalised once.
+
+    CTRL-style, as in `transformers`: positive logits are divided by the penalty, negative ones multiplied.
+    """
+    if penalty == 1.0 or window.numel() == 0:
+        return logits
+    ids = window.unique()
+    picked = logits[ids]
+    out = logits.clone()
+    out[ids] = torch.where(picked < 0, picked * penalty, picked / penalty)
+    return out
+
+
+def warp(logits: Tensor, cfg: SamplingConfig) -> Tensor:
+    """logits (V,) penalised -> logits with temperature applied and filtered tokens set to -inf."""
+    logits = logits / cfg.temperature
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, cfg.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    if cfg.top_p < 1.0:
+        logits = _top_p(logits, cfg.top_p)
+    if cfg.min_p > 0:
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < cfg.min_p * probs.max(), -math.inf)
+    if cfg.eta > 0:
+        logits = _eta(logits, cfg.eta)
+    return logits
+
+
+def _top_p(logits: Tensor, top_p: float) -> Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p (at least one), as `transformers`."""
+    sorted_logits, order = logits.sort(descending=False)
+    cumulative = sorted_logits.softmax(-1).cumsum(-1)
+    remove_sorted = cumulative <= (1 - top_p)
+    remove_sorted[-1] = False
+    remove = remove_sorted.scatter(0, order, remove_sorted)
+    return logits.masked_fill(remove, -math.inf)
+
+
+def _eta(logits: Tensor, epsilon: float) -> Tensor:
+    """Eta sampling (Hewitt et al. 2022): drop tokens below min(eps, sqrt(eps) * exp(-entropy)); keep the best."""
+    probs = logits.softmax(-1)
+    logp = torch.where(probs > 0, probs.log(), torch.zeros_like(probs))
+    entropy = -(probs * logp).sum()
+    eta = min(epsilon, math.sqrt(epsilon) * float(torch.exp(-entropy)))
+    remove = probs < eta
+    remove[probs.argmax()] = False
+    return logits.masked_fill(remove, -math.inf)
+
+
+class TokenChooser:
+    """Picks one token per call from a row of logits, given that row's penalty window."""
+
+    def __init__(self, cfg: SamplingConfig, generator: torch.Generator | None = None) -> None:
+        if not cfg.greedy and generator is None:
+            raise ValueError("sampling needs an explicit torch.Generator")
+        self.cfg = cfg
+        self.generator = generator
+
+    def window(self, context: Tensor) -> Tensor:
+        """The penalty window of the next token: the last W ids of `context` (all of it when W == 0)."""
+        w = self.cfg.penalty_window
+        return context if w == 0 or context.shape[0] <= w else context[-w:]
+
+    def distribution(self, logits: Tensor, context: Tensor) -> Tensor:
+        """logits (V,) fp32, context (n,) ids ending right before the chosen token -> probabilities (V,)."""
+        logits = apply_penalty(logits, self.window(context), self.cfg.repetition_penalty)
+        return warp(logits, self.cfg).softmax(-1)
+
+    def choose(self, logits: Tensor, context: Tensor) -> int:
+        """The next token after `context`: argmax of the penalised logits, or one inverse-CDF draw."""
+        if self.cfg.greedy:
+            return int(apply_penalty(logits, self.window(context), self.cfg.repetition_penalty).argmax())
+        return self.draw(self.distribution(logits, context))
+
+    def draw(self, probs: Tensor) -> int:
+        """One token from `probs` (V,), consuming exactly one uniform from the generator."""
+        u = torch.rand((), generator=self.generator, device=self.generator.device).to(probs.device)
+        cdf = probs.double().cumsum(-1)
+        # right=True returns the first index whose cumulative mass exceeds u * total: never a zero-mass token,
+        # and u < 1 keeps it inside the vocabulary.
+        return int(torch.searchsorted(cdf, u * cdf[-1], right=True))

