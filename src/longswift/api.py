@@ -16,9 +16,10 @@ from typing import Any
 import torch
 
 from .checkpoint import DTYPES, Checkpoint
-from .config import SamplingConfig, StopConfig
+from .config import SamplingConfig, SpeculationConfig, StopConfig
 from .decoding import ARDecoder, Decoder, drive
-from .errors import ConfigError, PromptError
+from .errors import ConfigError, HeadsError, PromptError
+from .heads import DraftHeads
 from .sampling import TokenChooser
 from .transcript import Piece, Transcript
 
@@ -73,13 +74,17 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 class Engine:
     """A loaded model with its tokenizer; runs generation jobs."""
 
-    def __init__(self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
+                 heads: str | Path | None = None) -> None:
         self.checkpoint = checkpoint
         self.device = device
         self.dtype = dtype
         self.model = checkpoint.load_model(device, dtype)
         self.tokenizer = checkpoint.load_tokenizer()
         self.eos_token_ids = checkpoint.eos_token_ids() or _tokenizer_eos(self.tokenizer)
+        self.heads: DraftHeads | None = None
+        if heads is not None:
+            self.heads = DraftHeads.load(heads, checkpoint.fingerprint(), device, dtype)
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -92,13 +97,18 @@ class Engine:
 
     def stream(self, prompt: str | list[int], max_new_tokens: int = 256, *, sampling: SamplingConfig | None = None,
                seed: int | None = None, stop_strings: tuple[str, ...] = (), ignore_eos: bool = False,
-               mode: str = "ar") -> GenerationStream:
-        """Start a generation; iterate the returned stream for text pieces, then read `.result`."""
+               mode: str = "auto", speculation: SpeculationConfig | None = None) -> GenerationStream:
+        """Start a generation; iterate the returned stream for text pieces, then read `.result`.
+
+        mode: "tokenswift", "ar", or "auto" (TokenSwift when heads are loaded). Both modes emit tokens with the
+        same distribution (greedy: the same tokens); only the speed differs.
+        """
         sampling = sampling or SamplingConfig()
         stop = StopConfig(max_new_tokens, self.eos_token_ids, tuple(stop_strings), ignore_eos)
         prompt_ids = self.encode(prompt)
         self._check_fits(len(prompt_ids), max_new_tokens)
-        decoder = self._decoder(mode, sampling, seed, len(prompt_ids) + max_new_tokens)
+        decoder = self._decoder(mode, sampling, seed, len(prompt_ids) + max_new_tokens,
+                                speculation or SpeculationConfig())
         transcript = Transcript(self.tokenizer, stop)
         decoder.start(prompt_ids)
         return GenerationStream(drive(decoder, transcript), lambda: _result(decoder, transcript, prompt_ids))
@@ -111,14 +121,25 @@ class Engine:
         assert stream.result is not None
         return stream.result
 
-    def _decoder(self, mode: str, sampling: SamplingConfig, seed: int | None, capacity: int) -> Decoder:
+    def _decoder(self, mode: str, sampling: SamplingConfig, seed: int | None, capacity: int,
+                 spec: SpeculationConfig) -> Decoder:
+        from .tokenswift import HeadsDrafter, TokenSwiftDecoder
+
         generator = None
         if not sampling.greedy:
             generator = torch.Generator(self.device).manual_seed(seed if seed is not None else _random_seed())
         chooser = TokenChooser(sampling, generator)
+        if mode == "auto":
+            mode = "tokenswift" if self.heads is not None else "ar"
         if mode == "ar":
             return ARDecoder(self.model, chooser, capacity)
-        raise ConfigError(f"unknown mode {mode!r}; use ar")
+        if mode == "tokenswift":
+            if self.heads is None:
+                raise HeadsError("mode tokenswift needs draft heads (--heads FILE); train them with "
+                                 "`longswift train-heads`")
+            drafter = HeadsDrafter(self.model, self.heads, sampling, spec)
+            return TokenSwiftDecoder(self.model, chooser, drafter, spec, capacity)
+        raise ConfigError(f"unknown mode {mode!r}; use auto, tokenswift or ar")
 
     def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
         limit = self.model.cfg.max_position_embeddings
@@ -129,15 +150,16 @@ class Engine:
                               f"model's {limit:,} positions")
 
 
-def load(model: str | Path, *, device: str = "auto", dtype: str = "auto") -> Engine:
-    """Load a local Hugging Face checkpoint directory (safetensors) onto `device` in `dtype`."""
+def load(model: str | Path, *, heads: str | Path | None = None, device: str = "auto",
+         dtype: str = "auto") -> Engine:
+    """Load a local Hugging Face checkpoint directory (safetensors), and optionally its draft heads."""
     dev = resolve_device(device)
-    return Engine(Checkpoint.open(model), dev, resolve_dtype(dtype, dev))
+    return Engine(Checkpoint.open(model), dev, resolve_dtype(dtype, dev), heads)
 
 
 def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int]) -> GenerationResult:
     times = decoder.timer.totals
-    decode_s = times.get("decode", 0.0)
+    decode_s = sum(v for k, v in times.items() if k != "prefill")
     n = len(transcript.ids)
     stats = {"mode": decoder.mode, "new_tokens": n, "prefill_s": times.get("prefill", 0.0), "decode_s": decode_s,
              "tokens_per_s": n / decode_s if decode_s > 0 else 0.0, **decoder.stats()}

@@ -90,3 +90,16 @@ class KVCache:
 
     def nbytes(self) -> int:
         return 2 * self._k.numel() * self._k.element_size()
+
+
+class NoCache:
+    """A cache that keeps nothing: a full-sequence forward (training, scoring) attends only to its own tokens."""
+
+    rows_are_positions = True
+    end = 0
+
+    def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        return k, v
+
+    def advance(self, n: int) -> None:
+        pass

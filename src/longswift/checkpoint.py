@@ -125,7 +125,9 @@ def _weight_files(root: Path) -> tuple[Path, ...]:
         if absent:
             raise CheckpointError(f"shards listed in {index.name} are missing: {', '.join(absent[:3])}")
         return files
-    files = tuple(sorted(root.glob("*.safetensors")))
+    # A single model.safetensors wins over other *.safetensors files (e.g. draft heads kept beside the model).
+    single = root / "model.safetensors"
+    files = (single,) if single.exists() else tuple(sorted(root.glob("*.safetensors")))
     if not files:
         pickled = [p.name for p in root.glob("*.bin")] + [p.name for p in root.glob("*.pt")]
         hint = f" (found {pickled[0]}; pickled weights are never loaded, convert to safetensors)" if pickled else ""

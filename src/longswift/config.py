@@ -206,3 +206,38 @@ class StopConfig:
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """TokenSwift's drafting and verification knobs (defaults: the paper's)."""
+
+    tree: tuple[int, ...] = (1, 3, 3, 3)  # candidates per depth: base head, then one entry per draft head
+    ngram_topk: int = 20  # n-gram chains added per step (0 = no token reuse)
+    ngram_n: int = 4  # n-gram length (a chain adds n tokens after the root)
+    kv_budget: int = 4096  # rows of the partial cache that drafting attends to
+    sink_tokens: int = 16  # leading rows always kept in the partial cache
+
+    def __post_init__(self) -> None:
+        _check(len(self.tree) >= 1 and all(w >= 1 for w in self.tree),
+               f"tree must list >= 1 candidates per depth, got {list(self.tree)}")
+        _check(self.tree_nodes() <= 4096, f"tree {list(self.tree)} has {self.tree_nodes():,} nodes (max 4,096)")
+        _check(self.ngram_topk >= 0, f"ngram-topk must be >= 0, got {self.ngram_topk}")
+        _check(self.ngram_n >= 2, f"n-gram length must be >= 2, got {self.ngram_n}")
+        _check(0 <= self.sink_tokens < self.kv_budget,
+               f"need 0 <= sink-tokens < kv-budget, got {self.sink_tokens} and {self.kv_budget}")
+
+    def tree_nodes(self) -> int:
+        """Nodes of the Cartesian head tree, root excluded."""
+        total, level = 0, 1
+        for width in self.tree:
+            level *= width
+            total += level
+        return total
+
+    def max_nodes(self) -> int:
+        """Upper bound of the trie size, root included."""
+        return 1 + self.tree_nodes() + self.ngram_topk * self.ngram_n
+
+    def max_depth(self) -> int:
+        return max(len(self.tree), self.ngram_n if self.ngram_topk else 0)

@@ -17,14 +17,15 @@ import torch
 from torch import Tensor
 
 from .cache import KVCache
-from .model import Cache, Transformer
+from .model import Cache, QueryLog, Transformer
 from .sampling import TokenChooser
 from .transcript import Piece, Transcript
 
 PREFILL_CHUNK = 512
 
 
-def prefill(model: Transformer, cache: Cache, ids: Tensor, chunk: int = PREFILL_CHUNK) -> Tensor:
+def prefill(model: Transformer, cache: Cache, ids: Tensor, chunk: int = PREFILL_CHUNK,
+            log: QueryLog | None = None) -> Tensor:
     """Run `ids` (n,) through `model` in chunks, committing every row -> pre-norm hidden of the last token (hidden,).
 
     Chunking bounds the attention mask to (chunk, n) and the activations to `chunk` rows, so a 100K-token prompt
@@ -35,7 +36,7 @@ def prefill(model: Transformer, cache: Cache, ids: Tensor, chunk: int = PREFILL_
     for lo in range(0, ids.shape[0], chunk):
         part = ids[lo: lo + chunk]
         positions = torch.arange(start + lo, start + lo + part.shape[0], device=ids.device)
-        hidden = model(part[None], positions, cache)[0, -1]
+        hidden = model(part[None], positions, cache, log=log)[0, -1]
         cache.commit()
     if hidden is None:
         raise ValueError("prefill needs at least one token")

@@ -31,6 +31,22 @@ class Cache(Protocol):
     def advance(self, n: int) -> None: ...
 
 
+class QueryLog:
+    """Keeps one query row per layer from a forward, for choosing which cached keys matter (the partial cache).
+
+    `row` indexes the forward's new tokens (-1 = the last one). Queries are kept after RoPE, so q·k is exactly
+    the attention logit.
+    """
+
+    def __init__(self, row: int = -1) -> None:
+        self.row = row
+        self.queries: dict[int, Tensor] = {}
+
+    def keep(self, layer: int, q: Tensor) -> None:
+        """q (B, Hq, T, D) -> stores (Hq, D) of batch 0 at `row`."""
+        self.queries[layer] = q[0, :, self.row]
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -71,7 +87,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.o_bias)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: Cache, layer: int,
-                mask: Tensor | None) -> Tensor:
+                mask: Tensor | None, log: QueryLog | None = None) -> Tensor:
         """x (B, T, hidden) -> (B, T, hidden); this forward's keys/values go into `cache`."""
         b, t, _ = x.shape
         d = self.cfg.head_dim
@@ -79,6 +95,8 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, t, -1, d).transpose(1, 2)
         v = self.v_proj(x).view(b, t, -1, d).transpose(1, 2)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if log is not None:
+            log.keep(layer, q)
         k_all, v_all = cache.write(layer, k, v)
         out = attend(q, k_all, v_all, mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
@@ -104,8 +122,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: Cache, layer: int,
-                mask: Tensor | None) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, mask)
+                mask: Tensor | None, log: QueryLog | None = None) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, mask, log)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -144,17 +162,19 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def forward(self, tokens: Tensor, positions: Tensor, cache: Cache, tree_mask: Tensor | None = None) -> Tensor:
+    def forward(self, tokens: Tensor, positions: Tensor, cache: Cache, tree_mask: Tensor | None = None,
+                log: QueryLog | None = None) -> Tensor:
         """tokens (B, T), positions (T,) -> hidden (B, T, hidden) before the final norm.
 
         Cached rows are all visible (subject to a sliding window); among the T new tokens attention is causal,
-        or follows `tree_mask` (T, T) bool True=attend when the new tokens form a candidate tree.
+        or follows `tree_mask` (T, T) bool True=attend when the new tokens form a candidate tree. `log`, if
+        given, receives each layer's query at `log.row`.
         """
         x = self.model.embed_tokens(tokens)
         rope = rope_tables(self.inv_freq, self.rope_scaling, positions, x.dtype)
         mask = self._mask(positions, cache, tree_mask)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, rope, cache, i, mask)
+            x = layer(x, rope, cache, i, mask, log)
         cache.advance(tokens.shape[1])
         return x
 
