@@ -7,12 +7,17 @@ users hit with real models.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+import os
 
-import pytest
-import torch
+# Tiny models run fastest on one thread (and subprocesses inherit this); set before torch is imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 VOCAB = 384
 EOS_TEXT = "<|endoftext|>"

@@ -8,18 +8,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .checkpoint import DTYPES, Checkpoint
+from .checkpoint import DTYPES, Checkpoint, default_model_dir, heads_beside
 from .config import SamplingConfig, SpeculationConfig, StopConfig
 from .decoding import ARDecoder, Decoder, drive
-from .errors import ConfigError, HeadsError, PromptError
+from .errors import CheckpointError, ConfigError, HeadsError, PromptError, ResumeError
 from .heads import DraftHeads
+from .job import JobState
 from .sampling import TokenChooser
 from .transcript import Piece, Transcript
 
@@ -36,11 +39,18 @@ class GenerationResult:
 
 
 class GenerationStream:
-    """Iterate to receive `Piece`s as tokens are accepted; `result` is set once iteration ends."""
+    """Iterate to receive `Piece`s as tokens are accepted; `result` is set once iteration ends.
 
-    def __init__(self, pieces: Iterator[Piece], finish: Any) -> None:
+    Between two pieces the generation is at a step boundary, where `snapshot()` returns a `JobState` that
+    `Engine.stream(..., resume=state)` continues exactly.
+    """
+
+    def __init__(self, pieces: Iterator[Piece], finish: Callable[[], GenerationResult],
+                 snapshot: Callable[[], JobState]) -> None:
         self._pieces = pieces
         self._finish = finish
+        self.snapshot = snapshot
+        self.live_stats: Callable[[], dict[str, Any]] = lambda: finish().stats
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> Iterator[Piece]:
@@ -75,7 +85,7 @@ class Engine:
     """A loaded model with its tokenizer; runs generation jobs."""
 
     def __init__(self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
-                 heads: str | Path | None = None) -> None:
+                 heads: str | Path | bool | None = None) -> None:
         self.checkpoint = checkpoint
         self.device = device
         self.dtype = dtype
@@ -83,8 +93,10 @@ class Engine:
         self.tokenizer = checkpoint.load_tokenizer()
         self.eos_token_ids = checkpoint.eos_token_ids() or _tokenizer_eos(self.tokenizer)
         self.heads: DraftHeads | None = None
-        if heads is not None:
+        self.heads_fingerprint: str | None = None
+        if heads:
             self.heads = DraftHeads.load(heads, checkpoint.fingerprint(), device, dtype)
+            self.heads_fingerprint = hashlib.sha256(Path(heads).read_bytes()).hexdigest()[:16]
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -97,21 +109,35 @@ class Engine:
 
     def stream(self, prompt: str | list[int], max_new_tokens: int = 256, *, sampling: SamplingConfig | None = None,
                seed: int | None = None, stop_strings: tuple[str, ...] = (), ignore_eos: bool = False,
-               mode: str = "auto", speculation: SpeculationConfig | None = None) -> GenerationStream:
+               mode: str = "auto", speculation: SpeculationConfig | None = None,
+               resume: JobState | None = None) -> GenerationStream:
         """Start a generation; iterate the returned stream for text pieces, then read `.result`.
 
         mode: "tokenswift", "ar", or "auto" (TokenSwift when heads are loaded). Both modes emit tokens with the
-        same distribution (greedy: the same tokens); only the speed differs.
+        same distribution (greedy: the same tokens); only the speed differs. `resume`: a snapshot of an earlier
+        run with the same model, heads, prompt and settings, continued so the output is identical.
         """
-        sampling = sampling or SamplingConfig()
+        sampling, spec = sampling or SamplingConfig(), speculation or SpeculationConfig()
         stop = StopConfig(max_new_tokens, self.eos_token_ids, tuple(stop_strings), ignore_eos)
         prompt_ids = self.encode(prompt)
         self._check_fits(len(prompt_ids), max_new_tokens)
-        decoder = self._decoder(mode, sampling, seed, len(prompt_ids) + max_new_tokens,
-                                speculation or SpeculationConfig())
+        mode = self._resolve_mode(mode)
+        decoder = self._decoder(mode, sampling, seed, len(prompt_ids) + max_new_tokens, spec)
         transcript = Transcript(self.tokenizer, stop)
-        decoder.start(prompt_ids)
-        return GenerationStream(drive(decoder, transcript), lambda: _result(decoder, transcript, prompt_ids))
+        config = _plain({"sampling": asdict(sampling), "stop": asdict(stop),
+                         "speculation": asdict(spec) if mode == "tokenswift" else None})
+
+        def snapshot() -> JobState:
+            rng = decoder.chooser.generator
+            return JobState(prompt_ids, list(transcript.ids), transcript.text, mode,
+                            rng.get_state().numpy().tobytes().hex() if rng is not None else None, config,
+                            self.checkpoint.fingerprint(), self.heads_fingerprint if mode == "tokenswift" else None)
+
+        if resume is not None:
+            _restore(resume, snapshot(), decoder, transcript)
+        decoder.start(prompt_ids + list(transcript.ids))
+        return GenerationStream(drive(decoder, transcript), lambda: _result(decoder, transcript, prompt_ids),
+                                snapshot)
 
     def generate(self, prompt: str | list[int], max_new_tokens: int = 256, **options: Any) -> GenerationResult:
         """Run a whole generation; options as for `stream`."""
@@ -121,6 +147,13 @@ class Engine:
         assert stream.result is not None
         return stream.result
 
+    def _resolve_mode(self, mode: str) -> str:
+        if mode == "auto":
+            return "tokenswift" if self.heads is not None else "ar"
+        if mode not in ("ar", "tokenswift"):
+            raise ConfigError(f"unknown mode {mode!r}; use auto, tokenswift or ar")
+        return mode
+
     def _decoder(self, mode: str, sampling: SamplingConfig, seed: int | None, capacity: int,
                  spec: SpeculationConfig) -> Decoder:
         from .tokenswift import HeadsDrafter, TokenSwiftDecoder
@@ -129,17 +162,13 @@ class Engine:
         if not sampling.greedy:
             generator = torch.Generator(self.device).manual_seed(seed if seed is not None else _random_seed())
         chooser = TokenChooser(sampling, generator)
-        if mode == "auto":
-            mode = "tokenswift" if self.heads is not None else "ar"
         if mode == "ar":
             return ARDecoder(self.model, chooser, capacity)
-        if mode == "tokenswift":
-            if self.heads is None:
-                raise HeadsError("mode tokenswift needs draft heads (--heads FILE); train them with "
-                                 "`longswift train-heads`")
-            drafter = HeadsDrafter(self.model, self.heads, sampling, spec)
-            return TokenSwiftDecoder(self.model, chooser, drafter, spec, capacity)
-        raise ConfigError(f"unknown mode {mode!r}; use auto, tokenswift or ar")
+        if self.heads is None:
+            raise HeadsError("mode tokenswift needs draft heads (--heads FILE); train them with "
+                             "`longswift train-heads`")
+        drafter = HeadsDrafter(self.model, self.heads, sampling, spec)
+        return TokenSwiftDecoder(self.model, chooser, drafter, spec, capacity)
 
     def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
         limit = self.model.cfg.max_position_embeddings
@@ -150,11 +179,22 @@ class Engine:
                               f"model's {limit:,} positions")
 
 
-def load(model: str | Path, *, heads: str | Path | None = None, device: str = "auto",
+def load(model: str | Path | None = None, *, heads: str | Path | None | bool = None, device: str = "auto",
          dtype: str = "auto") -> Engine:
-    """Load a local Hugging Face checkpoint directory (safetensors), and optionally its draft heads."""
+    """Load a local Hugging Face checkpoint directory (safetensors) and its draft heads.
+
+    model None: the embedded demonstration model. heads None: `heads.safetensors` in the model directory if
+    present (then TokenSwift is the default mode); False: no heads; a path: that file.
+    """
+    if model is None:
+        model = default_model_dir()
+        if model is None:
+            raise CheckpointError("no embedded default model in this install; pass a model directory")
+    checkpoint = Checkpoint.open(model)
+    if heads is None:
+        heads = heads_beside(checkpoint.path)
     dev = resolve_device(device)
-    return Engine(Checkpoint.open(model), dev, resolve_dtype(dtype, dev), heads)
+    return Engine(checkpoint, dev, resolve_dtype(dtype, dev), heads or None)
 
 
 def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int]) -> GenerationResult:
@@ -164,6 +204,27 @@ def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int]) -> 
     stats = {"mode": decoder.mode, "new_tokens": n, "prefill_s": times.get("prefill", 0.0), "decode_s": decode_s,
              "tokens_per_s": n / decode_s if decode_s > 0 else 0.0, **decoder.stats()}
     return GenerationResult(transcript.text, list(transcript.ids), prompt_ids, transcript.finish_reason or "", stats)
+
+
+def _restore(saved: JobState, fresh: JobState, decoder: Decoder, transcript: Transcript) -> None:
+    """Bring a fresh decoder and transcript to the saved state (the decoder then prefills all decided ids)."""
+    saved.check_matches(fresh)
+    generator = decoder.chooser.generator
+    if generator is not None and saved.rng_state:
+        state = torch.frombuffer(bytearray.fromhex(saved.rng_state), dtype=torch.uint8)
+        generator.set_state(state)
+    for token in saved.generated_ids:
+        transcript.push(token)
+    if transcript.done:
+        transcript.flush()  # a finished job's final snapshot includes the released tail
+    transcript.take()  # already handed out before the interruption
+    if transcript.text != saved.text:
+        raise ResumeError("checkpoint text does not match its token ids (was the tokenizer changed?)")
+
+
+def _plain(data: dict[str, Any]) -> dict[str, Any]:
+    """Configuration as JSON would return it (tuples become lists), so saved and fresh states compare equal."""
+    return json.loads(json.dumps(data))
 
 
 def _tokenizer_eos(tokenizer: Any) -> tuple[int, ...]:

@@ -114,6 +114,23 @@ class Checkpoint:
         return state
 
 
+HEADS_FILE = "heads.safetensors"
+
+
+def default_model_dir() -> Path | None:
+    """The demonstration model shipped inside the package, or None if this install has none."""
+    from importlib.resources import files
+
+    root = Path(str(files("longswift") / "default_model"))
+    return root if (root / "config.json").is_file() else None
+
+
+def heads_beside(model_dir: Path) -> Path | None:
+    """Draft heads stored in the model directory under the conventional name, if any."""
+    path = model_dir / HEADS_FILE
+    return path if path.is_file() else None
+
+
 def _weight_files(root: Path) -> tuple[Path, ...]:
     index = root / "model.safetensors.index.json"
     if index.exists():

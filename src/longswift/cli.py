@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
@@ -37,8 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="local model directory (default: the embedded model)")
     p.add_argument("--prompt", default=DEMO_PROMPT, help="prompt text")
-    p.add_argument("--max-new-tokens", type=int, default=1024, help="tokens per method (default 1024)")
-    p.add_argument("--methods", default="ar,hf", help="comma-separated: ar, hf (default ar,hf)")
+    p.add_argument("--max-new-tokens", type=int, default=2048, help="tokens per method (default 2048)")
+    p.add_argument("--methods", default=None,
+                   help="comma-separated from ar, tokenswift, hf (default: ar,tokenswift with heads, else ar,hf)")
+    _add_speculation(p)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto")
 
@@ -50,16 +55,16 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .api import load
     from .demo import run_demo
 
-    if args.model is None:
-        raise ConfigError("--model is required (no embedded default model is installed)")
-    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    unknown = set(methods) - {"ar", "hf"}
+    speculation = _speculation(args)
+    engine = load(args.model, heads=args.heads, device=args.device, dtype=args.dtype)
+    default = "ar,tokenswift" if engine.heads is not None else "ar,hf"
+    methods = tuple(m.strip() for m in (args.methods or default).split(",") if m.strip())
+    unknown = set(methods) - {"ar", "hf", "tokenswift"}
     if unknown or not methods:
-        raise ConfigError(f"unknown methods {sorted(unknown)}; use ar, hf")
-    engine = load(args.model, device=args.device, dtype=args.dtype)
+        raise ConfigError(f"unknown methods {sorted(unknown)}; use ar, tokenswift, hf")
     err.write(f"longswift demo: {args.max_new_tokens} greedy tokens per method on {engine.checkpoint.path} "
               f"({engine.device}, {str(engine.dtype).removeprefix('torch.')})\n")
-    report = run_demo(engine, args.prompt, args.max_new_tokens, methods)
+    report = run_demo(engine, args.prompt, args.max_new_tokens, methods, speculation)
     out.write(args.prompt + report.text + "\n\n")
     for run in report.runs:
         out.write(f"{run.name:>10}: {len(run.token_ids)} tokens, {run.decode_s:7.2f} s decode, "
@@ -69,12 +74,15 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _add_generate(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="local Hugging Face model directory (config.json + *.safetensors + tokenizer)")
+    p.add_argument("--model", help="local Hugging Face model directory (config.json + *.safetensors + tokenizer); "
+                                   "default: the embedded demonstration model")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file")
     p.add_argument("--max-new-tokens", type=int, default=256, help="tokens to generate at most (default 256)")
-    p.add_argument("--mode", choices=["ar"], default="ar", help="decoding method (default ar)")
+    p.add_argument("--mode", choices=["auto", "tokenswift", "ar"], default="auto",
+                   help="tokenswift, ar, or auto = tokenswift when draft heads are available (default)")
+    _add_speculation(p)
     s = p.add_argument_group("sampling (defaults: the TokenSwift paper's long-generation settings)")
     s.add_argument("--greedy", action="store_true", help="greedy decoding (same as --temperature 0)")
     s.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
@@ -89,11 +97,39 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("stopping and output")
     o.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     o.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence tokens")
+    o.add_argument("--output", type=Path, help="write the generated text to this file instead of stdout")
     o.add_argument("--stats-json", type=Path, help="write timing and speculation statistics to this file")
-    o.add_argument("--quiet", action="store_true", help="no summary line on stderr")
+    o.add_argument("--quiet", action="store_true", help="no progress and no summary on stderr")
+    o.add_argument("--log-every", type=int, default=2048,
+                   help="progress line every N tokens when stderr is not a terminal (2048)")
+    j = p.add_argument_group("long jobs")
+    j.add_argument("--checkpoint", type=Path, help="save the job state here every N tokens and on SIGINT/SIGTERM")
+    j.add_argument("--checkpoint-every", type=int, default=2048, help="tokens between checkpoints (2048)")
+    j.add_argument("--resume", action="store_true", help="continue the job saved in --checkpoint")
+    j.add_argument("--dry-run", action="store_true", help="print the memory plan and exit")
     d = p.add_argument_group("hardware")
     d.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     d.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto (fp32 on CPU, bf16 on GPU)")
+
+
+def _add_speculation(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("TokenSwift (defaults: the paper's)")
+    g.add_argument("--heads", type=Path, help="draft heads file (default: heads.safetensors in the model directory)")
+    g.add_argument("--tree", default="1,3,3,3", help="candidates per depth: base head, then each draft head")
+    g.add_argument("--ngram-topk", type=int, default=20, help="n-gram chains added per step; 0 = off (20)")
+    g.add_argument("--kv-budget", type=int, default=4096, help="rows of the partial KV cache for drafting (4096)")
+    g.add_argument("--sink-tokens", type=int, default=16, help="leading rows always kept in it (16)")
+
+
+def _speculation(args: argparse.Namespace) -> Any:
+    from .config import SpeculationConfig
+
+    try:
+        tree = tuple(int(w) for w in args.tree.split(","))
+    except ValueError:
+        raise ConfigError(f"--tree must be comma-separated integers like 1,3,3,3, got {args.tree!r}") from None
+    return SpeculationConfig(tree=tree, ngram_topk=args.ngram_topk, kv_budget=args.kv_budget,
+                             sink_tokens=args.sink_tokens)
 
 
 def _sampling(args: argparse.Namespace) -> Any:
@@ -130,29 +166,123 @@ def _check_writable(path: Path | None) -> None:
 
 
 def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .api import load
+    from .api import load, resolve_device, resolve_dtype
+    from .checkpoint import Checkpoint, default_model_dir
+    from .job import JobState, TextSink, run_job
+    from .memory import plan_memory
 
-    sampling = _sampling(args)
+    sampling, speculation = _sampling(args), _speculation(args)
     prompt = _read_prompt(args)
-    _check_writable(args.stats_json)
-    if args.model is None:
-        raise ConfigError("--model is required (no embedded default model is installed)")
-    engine = load(args.model, device=args.device, dtype=args.dtype)
+    for path in (args.stats_json, args.output, args.checkpoint):
+        _check_writable(path)
+    if args.resume and args.checkpoint is None:
+        raise ConfigError("--resume needs --checkpoint FILE")
+    resume = JobState.load(args.checkpoint) if args.resume else None
+    model_dir = args.model or default_model_dir()
+    if model_dir is None:
+        raise ConfigError("no --model given and this install has no embedded default model")
+    ckpt = Checkpoint.open(model_dir)
+    device = resolve_device(args.device)
+    prompt_len = len(ckpt.load_tokenizer()(prompt)["input_ids"])
+    plan = plan_memory(ckpt.config, resolve_dtype(args.dtype, device), device, prompt_len, args.max_new_tokens,
+                       None if args.mode == "ar" else speculation)
+    if args.dry_run:
+        out.write(plan.describe() + "\n")
+        return 0
+    plan.check()
+    engine = load(ckpt.path, heads=args.heads, device=args.device, dtype=args.dtype)
     stream = engine.stream(prompt, args.max_new_tokens, sampling=sampling, seed=args.seed,
-                           stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos, mode=args.mode)
-    for piece in stream:
-        out.write(piece.text)
-        out.flush()
-    out.write("\n")
+                           stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos, mode=args.mode,
+                           speculation=speculation, resume=resume)
+    sink = TextSink.open_file(args.output, resume.text if resume else None) if args.output else TextSink(out)
+    progress = _Progress(args, err, stream, already=len(resume.generated_ids) if resume else 0)
+    with _StopOnSignal() as signals:
+        finished = run_job(stream, sink, args.checkpoint, args.checkpoint_every, signals.requested, progress.update)
+    progress.close()
+    if args.output is None:
+        out.write("\n")
+    sink.close()
+    if not finished:
+        where = f"; resume with --resume --checkpoint {args.checkpoint}" if args.checkpoint else ""
+        err.write(f"longswift: interrupted after {len(stream.snapshot().generated_ids)} tokens{where}\n")
+        return EXIT_INTERRUPTED
     result = stream.result
     assert result is not None
     if args.stats_json:
         args.stats_json.write_text(json.dumps(result.stats, indent=2) + "\n", encoding="utf-8")
     if not args.quiet:
-        s = result.stats
-        err.write(f"[{s['mode']}] {s['new_tokens']} tokens in {s['decode_s']:.2f}s "
-                  f"({s['tokens_per_s']:.1f} tok/s), prefill {s['prefill_s']:.2f}s, stop: {result.finish_reason}\n")
+        err.write(_summary(result.stats, result.finish_reason) + "\n")
     return 0
+
+
+def _summary(s: dict[str, Any], finish_reason: str) -> str:
+    extra = (f", {s['mean_accepted']:.2f} tokens/step, acceptance {s['acceptance_rate']:.2f}"
+             if s["mode"] == "tokenswift" else "")
+    return (f"[{s['mode']}] {s['new_tokens']} tokens in {s['decode_s']:.2f}s ({s['tokens_per_s']:.1f} tok/s{extra}), "
+            f"prefill {s['prefill_s']:.2f}s, stop: {finish_reason}")
+
+
+class _Progress:
+    """Tokens done / total, tokens/s, ETA and tokens per step: a bar on a terminal, else a line every N tokens."""
+
+    def __init__(self, args: argparse.Namespace, err: TextIO, stream: Any, already: int) -> None:
+        self.stream, self.err, self.every = stream, err, args.log_every
+        self.total, self.done, self.logged = args.max_new_tokens, already, already
+        self.start = time.perf_counter()
+        self.bar = None
+        if not args.quiet and err.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, initial=already, unit="tok", file=err, dynamic_ncols=True, leave=False)
+        self.enabled = not args.quiet
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+            if self.bar.n % 64 < n:
+                self.bar.set_postfix_str(self._per_step(), refresh=False)
+        elif self.enabled and self.done - self.logged >= self.every:
+            self.logged = self.done
+            rate = (self.done - 0) / max(time.perf_counter() - self.start, 1e-9)
+            eta = (self.total - self.done) / rate if rate > 0 else 0.0
+            self.err.write(f"[longswift] {self.done:,}/{self.total:,} tokens, {rate:.1f} tok/s, "
+                           f"ETA {eta / 60:.1f} min{', ' + self._per_step() if self._per_step() else ''}\n")
+            self.err.flush()
+
+    def _per_step(self) -> str:
+        stats = self.stream.live_stats()
+        return f"{stats['mean_accepted']:.2f} tok/step" if "mean_accepted" in stats else ""
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class _StopOnSignal:
+    """SIGINT/SIGTERM ask the job to stop at the next step boundary (and checkpoint); a second SIGINT aborts."""
+
+    def __init__(self) -> None:
+        self._requested = False
+        self._previous: dict[int, Any] = {}
+
+    def requested(self) -> bool:
+        return self._requested
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self._requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self._requested = True
+
+    def __enter__(self) -> _StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 COMMANDS = {"generate": cmd_generate, "demo": cmd_demo}

@@ -81,6 +81,7 @@ class Timer:
 class Decoder(Protocol):
     timer: Timer
     mode: str
+    chooser: TokenChooser
 
     def start(self, prompt_ids: list[int]) -> None: ...
 

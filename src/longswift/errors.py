@@ -28,3 +28,7 @@ class HeadsError(LongswiftError):
 
 class UsageError(LongswiftError):
     """A command line that cannot be parsed (unknown flag, missing value, wrong type)."""
+
+
+class ResumeError(LongswiftError):
+    """A generation checkpoint is corrupt, or belongs to another model, heads, prompt or configuration."""
