@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_generate(sub.add_parser("generate", help="generate text from a prompt, streaming it to stdout"))
     _add_demo(sub.add_parser("demo", help="generate with each method side by side and print the speedup"))
+    _add_bench(sub.add_parser("bench", help="benchmark methods side by side; write results, CSV and plots"))
     return parser
 
 
@@ -285,7 +286,81 @@ class _StopOnSignal:
             signal.signal(sig, handler)
 
 
-COMMANDS = {"generate": cmd_generate, "demo": cmd_demo}
+def _add_bench(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=Path, help="local model directory (default: the embedded model)")
+    p.add_argument("--heads", type=Path, help="draft heads file (default: <model>/heads.safetensors when present)")
+    p.add_argument("--methods", default="ar,hf,hf-lookup,tokenswift",
+                   help="comma-separated ar, hf, hf-lookup, tokenswift; options follow a colon, e.g. "
+                        "tokenswift:tree=1-3-3,k=8,budget=1024 or hf:cache=dynamic (default: all four)")
+    p.add_argument("--gen-lengths", default="2048,8192,20480",
+                   help="comma-separated numbers of new tokens (default 2048,8192,20480)")
+    p.add_argument("--prompt-len", type=int, default=2048, help="prompt tokens (default 2048)")
+    p.add_argument("--prompts", type=Path, help='JSONL of {"text": ...} (default: the embedded held-out prompts)')
+    s = p.add_argument_group("sampling (the same for every method)")
+    mode = s.add_mutually_exclusive_group()
+    mode.add_argument("--greedy", dest="sample", action="store_false", default=False,
+                      help="greedy decoding; outputs are checked token for token (default)")
+    mode.add_argument("--sample", dest="sample", action="store_true",
+                      help="the paper's sampling: temperature 1, min-p 0.1")
+    s.add_argument("--repetition-penalty", type=float, help="penalty on recent tokens (default 1.2)")
+    s.add_argument("--penalty-window", type=int, help="tokens the penalty looks at; 0 = whole context (default 1024)")
+    s.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every method (default 0)")
+    r = p.add_argument_group("measurement")
+    r.add_argument("--repeats", type=int, default=1, help="timed runs per method and length; medians (default 1)")
+    r.add_argument("--warmup-tokens", type=int, default=32, help="untimed warm-up tokens per method (default 32)")
+    r.add_argument("--out", type=Path, required=True, help="directory for results.json, results.csv and plots")
+    r.add_argument("--profile", action="store_true", help="also time forwards of n tokens over caches of T tokens")
+    r.add_argument("--profile-lengths", default="1024,4096,16384,32768,65536,102400",
+                   help="cache lengths T for --profile")
+    r.add_argument("--profile-queries", default="1,2,4,8,16,32,64,128", help="query counts n for --profile")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    d = p.add_argument_group("hardware")
+    d.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    d.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto (fp32 on CPU, bf16 on GPU)")
+
+
+def cmd_bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .bench import BenchConfig, bench_sampling, format_table, parse_ints, parse_methods, run_bench, summary_json
+    from .profile import ProfileConfig, format_profile
+
+    profile = None
+    if args.profile:
+        profile = ProfileConfig(cache_lengths=parse_ints(args.profile_lengths, "--profile-lengths"),
+                                query_counts=parse_ints(args.profile_queries, "--profile-queries"))
+    cfg = BenchConfig(
+        methods=tuple(parse_methods(args.methods)), gen_lengths=parse_ints(args.gen_lengths, "--gen-lengths"),
+        out=args.out, model=args.model, heads=args.heads, prompt_len=args.prompt_len, prompts=args.prompts,
+        sampling=bench_sampling(args.sample, args.repetition_penalty, args.penalty_window), repeats=args.repeats,
+        device=args.device, dtype=args.dtype, seed=args.seed, warmup_tokens=args.warmup_tokens, profile=profile)
+    report = run_bench(cfg, None if args.quiet else _bench_progress(err))
+    out.write(format_table(report) + "\n")
+    if report.profile is not None:
+        out.write(format_profile(report.profile) + "\n")
+    out.write(f"results: {cfg.out}\n{summary_json(report)}\n")
+    return 0 if report.lossless() is not False else 1
+
+
+def _bench_progress(err: TextIO) -> Any:
+    """A tqdm bar over all timed tokens; the bench library reports, the CLI draws."""
+    from tqdm import tqdm
+
+    bar: Any = None
+
+    def progress(event: Any) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=event.tokens_total, unit="tok", file=err, dynamic_ncols=True, leave=True)
+        bar.update(event.tokens_done - bar.n)
+        label = f"{event.phase} {event.method}" + (f" {event.gen_len:,} #{event.repeat + 1}" if event.gen_len else "")
+        bar.set_description_str(label.strip(), refresh=False)
+        bar.refresh()
+        if event.phase == "done":
+            bar.close()
+
+    return progress
+
+
+COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:

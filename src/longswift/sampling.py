@@ -17,16 +17,17 @@ from .config import SamplingConfig
 
 
 def apply_penalty(logits: Tensor, window: Tensor, penalty: float) -> Tensor:
-    """logits (V,), window (w,) token ids -> new logits with each token present in `window` penalised once.
+    """logits (..., V), window (w,) token ids -> new logits with each token present in `window` penalised once.
 
     CTRL-style, as in `transformers`: positive logits are divided by the penalty, negative ones multiplied.
+    Several rows (e.g. the draft heads' distributions) may share one window.
     """
     if penalty == 1.0 or window.numel() == 0:
         return logits
     ids = window.unique()
-    picked = logits[ids]
+    picked = logits[..., ids]
     out = logits.clone()
-    out[ids] = torch.where(picked < 0, picked * penalty, picked / penalty)
+    out[..., ids] = torch.where(picked < 0, picked * penalty, picked / penalty)
     return out
 
 

@@ -70,11 +70,10 @@ class HeadsDrafter:
         hidden = self.model(new[None], positions, self.partial)[0, -1]
         self.covered = context.shape[0]
         logits = self.heads.logits(self.model, hidden)[: len(self.spec.tree)]
-        window = self.chooser.window(context)
         # The target is penalised, so penalised drafts match it more often (drafts never affect the output).
-        penalty = self.chooser.cfg.repetition_penalty
-        return [apply_penalty(row, window, penalty).topk(width).indices.tolist()
-                for row, width in zip(logits, self.spec.tree)]
+        logits = apply_penalty(logits, self.chooser.window(context), self.chooser.cfg.repetition_penalty)
+        top = logits.topk(max(self.spec.tree), dim=-1).indices.tolist()  # one transfer for all depths
+        return [row[:width] for row, width in zip(top, self.spec.tree)]
 
 
 class TokenSwiftDecoder:
@@ -112,9 +111,9 @@ class TokenSwiftDecoder:
         t1 = self.timer.add("draft", t0)
         trie = self._candidates(levels)
         t2 = self.timer.add("bookkeeping", t1)
-        hidden = self._verify_forward(trie)
-        result = walk(trie, lambda node: self.chooser.choose(self.model.logits(hidden[node]),
-                                                             self._context(trie, node)))
+        # One LM-head matmul for the whole trie: per-node calls would re-read the head for every visited node.
+        logits = self.model.logits(self._verify_forward(trie))
+        result = walk(trie, lambda node: self.chooser.choose(logits[node], self._context(trie, node)))
         t3 = self.timer.add("verify", t2)
         self.cache.commit([0] + result.nodes)
         self.context.extend(result.tokens)
@@ -162,7 +161,8 @@ class TokenSwiftDecoder:
         t = self.timer.totals
         return {"steps": self.steps,
                 "mean_accepted": sum(k * v for k, v in self.per_step.items()) / steps,
-                "acceptance_rate": self.accepted / (len(self.spec.tree) * steps),
+                # The paper's α with γ+1 = the deepest candidate (head tree or n-gram chain), so α <= 1.
+                "acceptance_rate": self.accepted / (self.spec.max_depth() * steps),
                 "ngram_share": self.accepted_ngram / self.accepted if self.accepted else 0.0,
                 "tokens_per_step": {str(k): v for k, v in sorted(self.per_step.items())},
                 "draft_s": t.get("draft", 0.0), "verify_s": t.get("verify", 0.0),
