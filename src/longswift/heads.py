@@ -77,9 +77,8 @@ class DraftHeads(nn.Module):
 
     def logits(self, model: Transformer, hidden: Tensor) -> Tensor:
         """hidden (..., H) -> fp32 logits (γ+1, ..., V): row 0 from the base head, row i from block i."""
-        rows = [model.logits(hidden)]
-        rows += [model.lm_head(out.to(model.dtype)).float() for out in self(hidden.to(self.dtype))]
-        return torch.stack(rows)
+        rows = [model.model.norm(hidden)] + [out.to(model.dtype) for out in self(hidden.to(self.dtype))]
+        return model.lm_head(torch.stack(rows)).float()  # one LM-head matmul for all γ+1 rows
 
     @property
     def dtype(self) -> torch.dtype:
