@@ -233,7 +233,8 @@ def _hf_method(name: str, kind: str, options: dict[str, str]) -> Method:
     unknown = set(options) - set(_HF_KEYS[kind])
     if unknown:
         raise ConfigError(f"unknown {kind} options {sorted(unknown)} in {name!r}; use {', '.join(_HF_KEYS[kind])}")
-    cache = options.get("cache", "static")
+    # transformers 5.17 refuses a static cache for assisted (prompt-lookup) generation; 5.24 accepts it.
+    cache = options.get("cache", "dynamic" if kind == "hf-lookup" else "static")
     if cache not in ("static", "dynamic"):
         raise ConfigError(f"{kind} cache must be static or dynamic, got {cache!r}")
     compile_ = options.get("compile", "auto")

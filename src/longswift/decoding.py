@@ -49,11 +49,13 @@ class Context:
     def __init__(self, capacity: int, device: torch.device) -> None:
         self._buf = torch.zeros(capacity, dtype=torch.long, device=device)
         self.length = 0
+        self.last = -1  # the last decided id, kept on the host too (reading it back would sync a GPU)
 
-    def extend(self, tokens: list[int] | Tensor) -> None:
+    def extend(self, tokens: list[int]) -> None:
         n = len(tokens)
         self._buf[self.length: self.length + n] = torch.as_tensor(tokens, device=self._buf.device)
         self.length += n
+        self.last = tokens[-1]
 
     def ids(self) -> Tensor:
         """(length,) view of the decided ids."""
@@ -62,18 +64,23 @@ class Context:
 
 @dataclass
 class Timer:
-    """Wall-clock split of a generation; synchronises CUDA so that asynchronous kernels are counted."""
+    """Wall-clock split of a generation.
+
+    Decoding phases end by reading token ids on the host (argmax, a draw, the drafts' top-k), which waits for
+    the GPU, so their times are exact without extra synchronisation; every explicit sync costs a round trip on a
+    GPU, so only phases that end without such a read (prefill) ask for one with `sync=True`.
+    """
 
     device: torch.device
     totals: dict[str, float] = field(default_factory=dict)
 
-    def now(self) -> float:
-        if self.device.type == "cuda":
+    def now(self, sync: bool = False) -> float:
+        if sync and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    def add(self, key: str, since: float) -> float:
-        t = self.now()
+    def add(self, key: str, since: float, sync: bool = False) -> float:
+        t = self.now(sync)
         self.totals[key] = self.totals.get(key, 0.0) + t - since
         return t
 
@@ -101,6 +108,7 @@ class ARDecoder:
         self.cache = KVCache(model.cfg, capacity, device=model.device, dtype=model.dtype)
         self.context = Context(capacity, model.device)
         self.timer = Timer(model.device)
+        self._positions = torch.arange(capacity, device=model.device)
         self._logits: Tensor | None = None
         self._unfed: int | None = None  # the last chosen token, fed to the model at the next step
 
@@ -110,15 +118,15 @@ class ARDecoder:
         self.context.extend(prompt_ids)
         hidden = prefill(self.model, self.cache, self.context.ids())
         self._logits = self.model.logits(hidden)
-        self.timer.add("prefill", t0)
+        self.timer.add("prefill", t0, sync=True)
 
     @torch.inference_mode()
     def step(self) -> list[int]:
         t0 = self.timer.now()
         if self._unfed is not None:
             pos = self.context.length - 1
-            tokens = torch.tensor([[self._unfed]], device=self.model.device)
-            hidden = self.model(tokens, torch.tensor([pos], device=self.model.device), self.cache)
+            tokens = self.context.ids()[pos:][None]  # already on the device: no host-to-device copy
+            hidden = self.model(tokens, self._positions[pos: pos + 1], self.cache)
             self.cache.commit()
             self._logits = self.model.logits(hidden[0, -1])
         token = self.chooser.choose(self._logits, self.context.ids())

@@ -24,11 +24,10 @@ def apply_penalty(logits: Tensor, window: Tensor, penalty: float) -> Tensor:
     """
     if penalty == 1.0 or window.numel() == 0:
         return logits
-    ids = window.unique()
-    picked = logits[..., ids]
-    out = logits.clone()
-    out[..., ids] = torch.where(picked < 0, picked * penalty, picked / penalty)
-    return out
+    # A presence mask instead of window.unique(): no data-dependent shapes, so no host sync on a GPU.
+    present = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+    present[window] = True
+    return torch.where(present, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
 
 
 def warp(logits: Tensor, cfg: SamplingConfig) -> Tensor:

@@ -118,7 +118,7 @@ class TokenSwiftDecoder:
             prefill(self.model, self.cache, self.context.ids()[:-1], log=self.log)
         self.ngrams.add(prompt_ids)
         self.drafter.start(self.cache, self.log)
-        self.timer.add("prefill", t0)
+        self.timer.add("prefill", t0, sync=True)
 
     @torch.inference_mode()
     def step(self) -> list[int]:
@@ -138,7 +138,7 @@ class TokenSwiftDecoder:
         return result.tokens
 
     def _candidates(self, levels: list[list[int]]) -> Trie:
-        trie = Trie.rooted(int(self.context.ids()[-1]))
+        trie = Trie.rooted(self.context.last)
         trie.add_levels(levels)
         if levels and self.spec.ngram_topk:
             for gram in self.ngrams.top_k(levels[0][0], self.spec.ngram_topk):
