@@ -35,7 +35,65 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub.add_parser("generate", help="generate text from a prompt, streaming it to stdout"))
     _add_demo(sub.add_parser("demo", help="generate with each method side by side and print the speedup"))
     _add_bench(sub.add_parser("bench", help="benchmark methods side by side; write results, CSV and plots"))
+    _add_train_heads(sub.add_parser("train-heads", help="train TokenSwift draft heads on a frozen base model"))
     return parser
+
+
+def _add_train_heads(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=Path, help="base model directory (default: the embedded model)")
+    p.add_argument("--data", type=Path, nargs="+", required=True,
+                   help='training text: .txt files (one document each) or .jsonl files ({"text": ...} per line)')
+    p.add_argument("--out", type=Path, required=True, help="heads file to write (safetensors); state in OUT.state")
+    p.add_argument("--gamma", type=int, default=3, help="number of draft heads (default 3)")
+    p.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200, the paper's)")
+    p.add_argument("--lr", type=float, default=5e-3, help="peak learning rate (default 5e-3)")
+    p.add_argument("--seq-len", type=int, default=2048, help="tokens per training window (default 2048)")
+    p.add_argument("--batch-size", type=int, default=1, help="windows per micro-batch (default 1)")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (default 1)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="warm-up steps before the cosine decay (default: 20, at most a tenth of --steps)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the window sampler (default 0)")
+    p.add_argument("--checkpoint-every", type=int, default=50, help="steps between resumable states (50)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT.state")
+    p.add_argument("--no-autocast", action="store_true", help="train without bf16 autocast")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--dtype", default="fp32", help="dtype of the frozen base model (default fp32)")
+
+
+def cmd_train_heads(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .checkpoint import default_model_dir
+    from .train import TrainConfig, train_heads
+
+    model = args.model or default_model_dir()
+    if model is None:
+        raise ConfigError("no --model given and this install has no embedded default model")
+    _check_writable(args.out)
+    cfg = TrainConfig(model=Path(model), data=tuple(args.data), out=args.out, gamma=args.gamma, steps=args.steps,
+                      lr=args.lr, seq_len=args.seq_len, batch_size=args.batch_size, grad_accum=args.grad_accum,
+                      warmup=args.warmup if args.warmup is not None else min(20, args.steps // 10), seed=args.seed, checkpoint_every=args.checkpoint_every,
+                      device=args.device, dtype=args.dtype, autocast=not args.no_autocast, resume=args.resume)
+    bar: Any = None
+
+    def progress(step: Any) -> None:
+        nonlocal bar
+        if args.quiet:
+            return
+        if bar is None:
+            from tqdm import tqdm
+
+            bar = tqdm(total=step.steps, initial=step.step - 1, unit="step", file=err, dynamic_ncols=True)
+        acc = " ".join(f"{a:.2f}" for a in step.head_accuracy)
+        bar.set_postfix_str(f"loss {step.loss:.3f} acc {acc} lr {step.lr:.1e}", refresh=False)
+        bar.update(1)
+
+    report = train_heads(cfg, progress)
+    if bar is not None:
+        bar.close()
+    acc = ", ".join(f"head {i + 1} {a:.3f}" for i, a in enumerate(report.head_accuracy))
+    out.write(f"wrote {report.out}: {report.steps} steps, loss {report.final_loss:.3f}, top-1 {acc}, "
+              f"{report.tokens_seen:,} tokens in {report.wall_seconds:.0f}s\n")
+    return 0
 
 
 def _add_demo(p: argparse.ArgumentParser) -> None:
@@ -360,7 +418,7 @@ def _bench_progress(err: TextIO) -> Any:
     return progress
 
 
-COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "bench": cmd_bench}
+COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "bench": cmd_bench, "train-heads": cmd_train_heads}
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
