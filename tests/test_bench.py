@@ -111,7 +111,8 @@ def test_parse_methods_plain_and_with_options():
     assert methods[5].hf_cache == "dynamic" and methods[5].hf_compile
     assert not parse_methods("hf:compile=off")[0].hf_compile
     lookup = parse_methods("hf-lookup:tokens=5,ngram=3")[0]
-    assert (lookup.lookup_tokens, lookup.lookup_ngram, lookup.hf_cache) == (5, 3, "static")
+    # transformers 5.17 refuses a static cache for prompt lookup, so its default is the dynamic cache
+    assert (lookup.lookup_tokens, lookup.lookup_ngram, lookup.hf_cache) == (5, 3, "dynamic")
     sink = parse_methods("tokenswift:sink=4,budget=64,n=3,k=0")[0].speculation
     assert (sink.sink_tokens, sink.kv_budget, sink.ngram_n, sink.ngram_topk) == (4, 64, 3, 0)
 
@@ -163,13 +164,18 @@ class _Tok:
         return {"input_ids": [ord(c) for c in text]}
 
 
-def test_prompts_are_exactly_prompt_len(tmp_path):
+def test_prompts_are_exactly_prompt_len(tmp_path, monkeypatch):
     path = tmp_path / "p.jsonl"
     path.write_text('{"text": "abc"}\n\n{"text": "defgh"}\n', encoding="utf-8")
     prompts = load_prompts(_Tok(), path, 12, count=5)
     assert prompts.source == str(path) and len(prompts.ids) == 2
     assert [len(p) for p in prompts.ids] == [12, 12]
     assert "".join(map(chr, prompts.ids[1])) == "defgh\n\nabc\n\n"
+    packaged = load_prompts(_Tok(), None, 100, count=2)
+    assert packaged.source.endswith("default_model/prompts.jsonl") and not packaged.note
+    import longswift.bench as bench
+
+    monkeypatch.setattr(bench, "PACKAGE_DIR", tmp_path)  # an install without the embedded model's prompts
     fallback = load_prompts(_Tok(), None, 3000, count=1)
     assert fallback.source == "builtin" and fallback.note and len(fallback.ids[0]) == 3000
     path.write_text('{"text": "abc"}\n["no"]\n', encoding="utf-8")

@@ -111,3 +111,26 @@ def test_corrupt_weights_and_config(tiny_llama, tmp_path):
     (broken / "config.json").write_text("{not json")
     code, _, err = run("generate", "--model", str(broken), "--prompt", "x")
     assert code == 2 and "config.json" in err and "not valid JSON" in err
+
+
+def test_train_heads_end_to_end_then_generate_with_them(tiny_llama, tmp_path):
+    data = tmp_path / "data.txt"
+    data.write_text("It was the best of times, it was the worst of times. " * 100)
+    heads = tmp_path / "heads.safetensors"
+    code, out, err = run("train-heads", "--model", str(tiny_llama), "--data", str(data), "--out", str(heads),
+                         "--steps", "4", "--seq-len", "64", "--quiet")
+    assert code == 0, err
+    assert "wrote" in out and heads.exists()
+    stats = tmp_path / "s.json"
+    code, _, err = run("generate", "--model", str(tiny_llama), "--heads", str(heads), "--prompt", "It was",
+                       "--max-new-tokens", "20", "--greedy", "--ignore-eos", "--stats-json", str(stats))
+    assert code == 0, err
+    assert json.loads(stats.read_text())["mode"] == "tokenswift"
+
+
+def test_train_heads_bad_inputs(tiny_llama, tmp_path):
+    code, _, err = run("train-heads", "--model", str(tiny_llama), "--data", str(tmp_path / "none.txt"),
+                       "--out", str(tmp_path / "h.safetensors"))
+    assert code == 2 and "not found" in err and "Traceback" not in err
+    code, _, err = run("train-heads", "--model", str(tiny_llama), "--data", str(tmp_path / "none.txt"))
+    assert code == 2 and "--out" in err

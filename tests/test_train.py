@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -89,6 +90,9 @@ def test_saved_heads_carry_the_fingerprint_and_are_refused_by_another_model(tiny
     train_heads(cfg)
     heads = DraftHeads.load(cfg.out, Checkpoint.open(tiny_llama).fingerprint())
     assert heads.meta.gamma == 2 and len(heads.blocks) == 2
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert cfg.out.stat().st_mode & 0o777 == 0o666 & ~umask  # not safetensors' private 0600
     other = Checkpoint.open(checkpoint_factory("llama_gqa_llama3", seed=1)).fingerprint()
     with pytest.raises(HeadsError, match="trained for another model"):
         DraftHeads.load(cfg.out, other)

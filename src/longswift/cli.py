@@ -107,7 +107,7 @@ def _add_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto")
 
 
-DEMO_PROMPT = "It was the best of times, it was the worst of times,"
+DEMO_PROMPT = "ACT I. SCENE I.\nLondon. A room in the palace.\n\nEnter the KING, GLOUCESTER, and attendants.\n\nKING.\n"
 
 
 def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

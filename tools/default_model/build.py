@@ -6,8 +6,9 @@ Each stage is a plain function of the work dir, so stages run in-process, and `-
 smoke-tested in a minute into a temporary directory.
 
 Run: `python -m tools.default_model.build` (defaults: work dir build/default_model/, output
-src/longswift/default_model/, ~45 minutes on one CPU thread), or for a smoke test
-`python -m tools.default_model.build --work /tmp/dm --out /tmp/dm/model --steps 5 --skip-heads`.
+src/longswift/default_model/, ~45 minutes for the base model and ~15 for the heads on one CPU thread), or for a
+smoke test `python -m tools.default_model.build --work /tmp/dm --out /tmp/dm/model --steps 5` (tiny heads run too).
+`--only-heads` retrains only the draft heads on the existing base model and re-renders the card.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .corpus import DEFAULT_VALID_FRACTION, DEFAULT_WORK, build_corpus
+from .heads import HEADS_FILE, HeadsSettings, add_heads_flags, train_default_heads
+from .heads import METRICS_FILE as HEADS_METRICS_FILE
+from .heads import settings_from_args as heads_settings_from_args
 from .model_card import write_model_card
 from .tokenizer import train_tokenizer
 from .train_base import DEFAULT_OUT, add_training_flags, settings_from_args, train_base
@@ -29,14 +33,13 @@ SAMPLE_TOKENS = 120
 SAMPLE_SEED = 0
 
 
-def train_heads_step(work_dir: Path, out_dir: Path, smoke: bool = False) -> Mapping[str, float]:
-    """Train longswift's draft heads on the base model in `out_dir`; return per-head top-1 accuracy.
+def train_heads_step(work_dir: Path, out_dir: Path, settings: HeadsSettings = HeadsSettings(),
+                     resume: bool = False) -> Mapping[str, float]:
+    """Train longswift's draft heads on the frozen base model in `out_dir`; return per-head validation accuracy.
 
-    ==== PLACEHOLDER: filled in by the longswift train-heads integration. ====
-    It should read the corpus from `work_dir`, train the heads against the frozen base model in `out_dir`, save
-    them next to it, and return {head name: validation top-1 accuracy} for the model card.
+    Reads the corpus from `work_dir`, saves OUT/heads.safetensors and WORK/heads_metrics.json (see heads.py).
     """
-    raise NotImplementedError("heads step is added by the longswift train-heads integration")
+    return train_default_heads(work_dir, out_dir, settings, resume)
 
 
 def generate_sample(out_dir: Path, prompt: str = SAMPLE_PROMPT, new_tokens: int = SAMPLE_TOKENS) -> str:
@@ -51,12 +54,20 @@ def generate_sample(out_dir: Path, prompt: str = SAMPLE_PROMPT, new_tokens: int 
 
 
 def build(args: argparse.Namespace) -> None:
-    """Run every stage in order."""
-    build_corpus(args.work, args.cache, args.valid_fraction)
-    train_tokenizer(args.work)
-    train_base(args.work, args.out, settings_from_args(args))
-    head_accuracy = None if args.skip_heads else train_heads_step(args.work, args.out, smoke=args.steps < 50)
-    card = write_model_card(args.work / "train_metrics.json", args.out, head_accuracy, generate_sample(args.out))
+    """Run every stage in order (with `--only-heads`, only the heads and the card, on the existing base model)."""
+    if not args.only_heads:
+        build_corpus(args.work, args.cache, args.valid_fraction)
+        train_tokenizer(args.work)
+        train_base(args.work, args.out, settings_from_args(args))
+        if args.skip_heads and (args.out / HEADS_FILE).exists():
+            (args.out / HEADS_FILE).unlink()  # heads of the previous base model; longswift would refuse them anyway
+            print(f"[build] removed {args.out / HEADS_FILE}: it belonged to the previous base model", flush=True)
+    smoke = args.steps < 50
+    head_accuracy = None if args.skip_heads else train_heads_step(
+        args.work, args.out, heads_settings_from_args(args, smoke), args.heads_resume)
+    heads_metrics = None if args.skip_heads else args.work / HEADS_METRICS_FILE
+    card = write_model_card(args.work / "train_metrics.json", args.out, head_accuracy, generate_sample(args.out),
+                            heads_metrics)
     print(f"[build] done: model in {args.out}, card {card}", flush=True)
 
 
@@ -67,8 +78,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache", type=Path, default=None, help="sdist cache (default: WORK/cache)")
     parser.add_argument("--valid-fraction", type=float, default=DEFAULT_VALID_FRACTION)
     parser.add_argument("--skip-heads", action="store_true", help="stop after the base model (no draft heads)")
+    parser.add_argument("--only-heads", action="store_true",
+                        help="keep the corpus, tokenizer and base model; train the heads and re-render the card")
     add_training_flags(parser)
-    build(parser.parse_args(argv))
+    add_heads_flags(parser)
+    args = parser.parse_args(argv)
+    if args.only_heads and args.skip_heads:
+        parser.error("--only-heads and --skip-heads exclude each other")
+    build(args)
 
 
 if __name__ == "__main__":

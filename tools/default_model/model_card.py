@@ -6,7 +6,7 @@ never edited by hand. Rendering is a pure function of its inputs (metrics dict, 
 optional generated sample), so it can be tested without training anything.
 
 Run: `python -m tools.default_model.model_card --work build/default_model --out src/longswift/default_model
-      [--sample-file sample.txt] [--head-accuracy heads.json]`
+      [--sample-file sample.txt] [--head-accuracy heads.json] [--heads-metrics WORK/heads_metrics.json]`
 """
 
 from __future__ import annotations
@@ -94,13 +94,37 @@ def _results_section(metrics: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def _heads_section(head_accuracy: Mapping[str, float] | None) -> list[str]:
+def _heads_section(head_accuracy: Mapping[str, float] | None, heads: Mapping[str, Any] | None = None) -> list[str]:
     lines = ["## Draft heads", ""]
     if not head_accuracy:
         return lines + ["(per-head accuracy not measured yet)", ""]
+    if heads:
+        lines += _heads_training_lines(heads)
     lines += ["| head | top-1 accuracy |", "|---|---|"]
     lines += [f"| {name} | {value:.1%} |" for name, value in head_accuracy.items()]
     return lines + [""]
+
+
+def _heads_training_lines(heads: Mapping[str, Any]) -> list[str]:
+    """How the heads were trained and measured (from heads_metrics.json)."""
+    s = heads["settings"]
+    precision = "bf16 autocast" if s["autocast"] else "fp32"
+    return [
+        f"- `heads.safetensors`: γ = {s['gamma']} TokenSwift draft heads (each `h <- h + W·RMSNorm(h)`, chained, "
+        f"sharing the frozen LM head), fp32, {heads['heads_bytes'] / 2**20:.1f} MiB; head i predicts token t+1+i.",
+        f"- Trained with `longswift.train.train_heads` on the training split, base model frozen: {heads['steps_done']:,} "
+        f"steps of {s['batch_size']} x {s['seq_len']:,} tokens ({heads['tokens_seen']:,} tokens), AdamW peak "
+        f"learning rate {s['lr']:g}, warm-up {s['warmup']} steps, cosine decay, weight decay {s['weight_decay']:g}, "
+        f"{precision}, seed {s['seed']}.",
+        f"- One CPU thread: {_minutes(heads['train_seconds'])} of training ({heads['seconds_per_step']:.2f} s/step), "
+        f"{_minutes(heads['wall_seconds'])} wall time with data loading and evaluation; final training loss "
+        f"{heads['final_train_loss']:.3f} (sum over the {s['gamma']} heads, nats/token).",
+        f"- Command: `{heads['command']}`",
+        f"- Top-1 accuracy on the held-out works ({heads['valid_positions_scored']:,} positions in fixed "
+        f"{s['seq_len']:,}-token windows, the shipped bf16 base weights upcast to fp32); the base head's row is "
+        "the model's own next-token accuracy:",
+        "",
+    ]
 
 
 def _sample_section(sample_text: str | None) -> list[str]:
@@ -114,13 +138,14 @@ def render_model_card(
     metrics: Mapping[str, Any],
     head_accuracy: Mapping[str, float] | None = None,
     sample_text: str | None = None,
+    heads_metrics: Mapping[str, Any] | None = None,
 ) -> str:
-    """The whole MODEL_CARD.md text."""
+    """The whole MODEL_CARD.md text (`heads_metrics`: the contents of heads_metrics.json, if the heads exist)."""
     lines = [
         "# longswift default model",
         "",
-        "This is a demonstration model, not a good writer. It is a tiny Llama trained from scratch, in under an "
-        "hour on one CPU thread, so that longswift runs and can be tested out of the box without downloading "
+        "This is a demonstration model, not a good writer. It is a tiny Llama trained from scratch, in about an "
+        "hour on one CPU thread (base model and draft heads), so that longswift runs and can be tested out of the box without downloading "
         "anything. Its text is locally plausible pseudo-Shakespeare and quickly loses the thread; use a real "
         "model for real writing.",
         "",
@@ -129,7 +154,7 @@ def render_model_card(
     lines += _model_section(metrics)
     lines += _training_section(metrics)
     lines += _results_section(metrics)
-    lines += _heads_section(head_accuracy)
+    lines += _heads_section(head_accuracy, heads_metrics)
     lines += _sample_section(sample_text)
     lines += ["## Rebuild", "", f"`{REBUILD_COMMAND}` from the repository root (see tools/default_model/).", ""]
     return "\n".join(lines)
@@ -140,11 +165,15 @@ def write_model_card(
     out_dir: Path,
     head_accuracy: Mapping[str, float] | None = None,
     sample_text: str | None = None,
+    heads_metrics_path: Path | None = None,
 ) -> Path:
-    """Render from a train_metrics.json file into OUT/MODEL_CARD.md."""
+    """Render from a train_metrics.json file (and a heads_metrics.json file, if given) into OUT/MODEL_CARD.md."""
     metrics = json.loads(metrics_path.read_text(encoding="utf-8"))
+    heads = json.loads(heads_metrics_path.read_text(encoding="utf-8")) if heads_metrics_path else None
+    if heads and head_accuracy is None:
+        head_accuracy = heads["valid_head_accuracy"]
     path = out_dir / "MODEL_CARD.md"
-    path.write_text(render_model_card(metrics, head_accuracy, sample_text), encoding="utf-8")
+    path.write_text(render_model_card(metrics, head_accuracy, sample_text, heads), encoding="utf-8")
     return path
 
 
@@ -154,10 +183,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--sample-file", type=Path, default=None, help="generated text to quote in the card")
     parser.add_argument("--head-accuracy", type=Path, default=None, help='JSON {"head 1": 0.42, ...}')
+    parser.add_argument("--heads-metrics", type=Path, default=None,
+                        help="heads_metrics.json (default: WORK/heads_metrics.json when OUT/heads.safetensors exists)")
     args = parser.parse_args(argv)
     sample = args.sample_file.read_text(encoding="utf-8") if args.sample_file else None
     heads = json.loads(args.head_accuracy.read_text(encoding="utf-8")) if args.head_accuracy else None
-    print(write_model_card(args.work / "train_metrics.json", args.out, heads, sample))
+    heads_metrics = args.heads_metrics
+    if heads_metrics is None and (args.out / "heads.safetensors").exists():
+        heads_metrics = args.work / "heads_metrics.json" if (args.work / "heads_metrics.json").exists() else None
+    print(write_model_card(args.work / "train_metrics.json", args.out, heads, sample, heads_metrics))
 
 
 if __name__ == "__main__":
