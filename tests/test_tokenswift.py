@@ -185,3 +185,10 @@ def test_heads_for_another_model_are_refused(tiny_llama, checkpoint_factory):
     other = checkpoint_factory("llama_gqa_llama3", initializer_range=0.05)
     with pytest.raises(longswift.HeadsError, match="trained for another model"):
         longswift.load(tiny_llama, heads=random_heads(other, 1))
+
+
+def test_device_defaults_are_the_papers_on_gpu_and_smaller_on_cpu():
+    assert SpeculationConfig.for_device("cuda") == SpeculationConfig()
+    cpu = SpeculationConfig.for_device("cpu")
+    assert cpu.tree == (1, 1) and cpu.ngram_topk == 2
+    assert SpeculationConfig.for_device("cpu", ngram_topk=7).ngram_topk == 7

@@ -117,7 +117,8 @@ class Engine:
         same distribution (greedy: the same tokens); only the speed differs. `resume`: a snapshot of an earlier
         run with the same model, heads, prompt and settings, continued so the output is identical.
         """
-        sampling, spec = sampling or SamplingConfig(), speculation or SpeculationConfig()
+        sampling = sampling or SamplingConfig()
+        spec = speculation or SpeculationConfig.for_device(self.device.type)
         stop = StopConfig(max_new_tokens, self.eos_token_ids, tuple(stop_strings), ignore_eos)
         prompt_ids = self.encode(prompt)
         self._check_fits(len(prompt_ids), max_new_tokens)

@@ -189,8 +189,8 @@ def _method(group: list[str]) -> Method:
         if options:
             raise ConfigError(f"method ar takes no options, got {sorted(options)}")
         return Method(name, kind)
-    if kind == "tokenswift":
-        return Method(name, kind, speculation=_speculation(options, name))
+    if kind == "tokenswift":  # plain `tokenswift`: the engine's defaults for its device (SpeculationConfig.for_device)
+        return Method(name, kind, speculation=_speculation(options, name) if options else None)
     return _hf_method(name, kind, options)
 
 
@@ -511,7 +511,7 @@ class _Runner:
     def _engine(self, method: Method, prompt: list[int], n: int, tick: Callable[[int], None]) -> _Observation:
         # stream() runs the prefill before returning; decoding starts with the first next().
         stream = self.engine.stream(prompt, n, sampling=self.cfg.sampling, seed=self.cfg.seed, ignore_eos=True,
-                                    mode=method.kind, speculation=method.speculation or SpeculationConfig())
+                                    mode=method.kind, speculation=method.speculation)
         marks, count = [], 0
         t0 = self.now()
         for piece in stream:

@@ -114,7 +114,7 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .api import load
     from .demo import run_demo
 
-    speculation = _speculation(args)
+    speculation = _speculation(args, args.device)
     engine = load(args.model, heads=args.heads, device=args.device, dtype=args.dtype)
     default = "ar,tokenswift" if engine.heads is not None else "ar,hf"
     methods = tuple(m.strip() for m in (args.methods or default).split(",") if m.strip())
@@ -172,23 +172,29 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
 
 
 def _add_speculation(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("TokenSwift (defaults: the paper's)")
+    g = p.add_argument_group("TokenSwift (defaults: the paper's on GPUs, a smaller tree on CPUs)")
     g.add_argument("--heads", type=Path, help="draft heads file (default: heads.safetensors in the model directory)")
-    g.add_argument("--tree", default="1,3,3,3", help="candidates per depth: base head, then each draft head")
-    g.add_argument("--ngram-topk", type=int, default=20, help="n-gram chains added per step; 0 = off (20)")
+    g.add_argument("--tree", default=None,
+                   help="candidates per depth: base head, then each draft head (default 1,3,3,3 on GPU, 1,1 on CPU)")
+    g.add_argument("--ngram-topk", type=int, default=None,
+                   help="n-gram chains added per step; 0 = off (default 20 on GPU, 2 on CPU)")
     g.add_argument("--kv-budget", type=int, default=4096, help="rows of the partial KV cache for drafting (4096)")
     g.add_argument("--sink-tokens", type=int, default=16, help="leading rows always kept in it (16)")
 
 
-def _speculation(args: argparse.Namespace) -> Any:
+def _speculation(args: argparse.Namespace, device: str) -> Any:
+    from .api import resolve_device
     from .config import SpeculationConfig
 
-    try:
-        tree = tuple(int(w) for w in args.tree.split(","))
-    except ValueError:
-        raise ConfigError(f"--tree must be comma-separated integers like 1,3,3,3, got {args.tree!r}") from None
-    return SpeculationConfig(tree=tree, ngram_topk=args.ngram_topk, kv_budget=args.kv_budget,
-                             sink_tokens=args.sink_tokens)
+    changes: dict[str, Any] = {"kv_budget": args.kv_budget, "sink_tokens": args.sink_tokens}
+    if args.tree is not None:
+        try:
+            changes["tree"] = tuple(int(w) for w in args.tree.split(","))
+        except ValueError:
+            raise ConfigError(f"--tree must be comma-separated integers like 1,3,3,3, got {args.tree!r}") from None
+    if args.ngram_topk is not None:
+        changes["ngram_topk"] = args.ngram_topk
+    return SpeculationConfig.for_device(resolve_device(device).type, **changes)
 
 
 def _sampling(args: argparse.Namespace) -> Any:
@@ -230,7 +236,7 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .job import JobState, TextSink, run_job
     from .memory import plan_memory
 
-    sampling, speculation = _sampling(args), _speculation(args)
+    sampling, speculation = _sampling(args), _speculation(args, args.device)
     prompt = _read_prompt(args)
     for path in (args.stats_json, args.output, args.checkpoint):
         _check_writable(path)

@@ -227,6 +227,17 @@ class SpeculationConfig:
         _check(0 <= self.sink_tokens < self.kv_budget,
                f"need 0 <= sink-tokens < kv-budget, got {self.sink_tokens} and {self.kv_budget}")
 
+    @classmethod
+    def for_device(cls, device_type: str, **changes: object) -> SpeculationConfig:
+        """Defaults for a device: the paper's on GPUs; a small tree and few n-grams on CPUs.
+
+        On a GPU verifying ~100 candidate tokens costs about one decoding step, so the paper's tree [1,3,3,3] with
+        20 n-gram chains pays. On a CPU every verified token costs compute: on the embedded model (2,048 new
+        tokens, BENCHMARKS.md) the paper's tree ran at 0.57x AR, tree [1,1] with 2 n-grams at 1.08x.
+        """
+        base: dict[str, object] = {} if device_type == "cuda" else {"tree": (1, 1), "ngram_topk": 2}
+        return cls(**{**base, **changes})  # type: ignore[arg-type]
+
     def tree_nodes(self) -> int:
         """Nodes of the Cartesian head tree, root excluded."""
         total, level = 0, 1
