@@ -134,3 +134,30 @@ def test_train_heads_bad_inputs(tiny_llama, tmp_path):
     assert code == 2 and "not found" in err and "Traceback" not in err
     code, _, err = run("train-heads", "--model", str(tiny_llama), "--data", str(tmp_path / "none.txt"))
     assert code == 2 and "--out" in err
+
+
+def test_missing_tokenizer_is_one_clear_line(tiny_llama, tmp_path):
+    import shutil
+
+    no_tok = tmp_path / "no_tokenizer"
+    shutil.copytree(tiny_llama, no_tok)
+    for f in no_tok.glob("tokenizer*"):
+        f.unlink()
+    code, _, err = run("generate", "--model", str(no_tok), "--prompt", "x")
+    assert code == 2 and "cannot load the tokenizer" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_heads_for_another_model_via_the_cli(tiny_llama, checkpoint_factory):
+    from .test_tokenswift import random_heads
+
+    other = random_heads(checkpoint_factory("qwen2_bias"), 2)
+    code, _, err = run("generate", "--model", str(tiny_llama), "--heads", other, "--prompt", "x")
+    assert code == 2 and "trained for another model" in err and "Traceback" not in err
+    code, _, err = run("generate", "--model", str(tiny_llama), "--heads", "/nonexistent/h.safetensors", "--prompt", "x")
+    assert code == 2 and "heads file not found" in err
+
+
+def test_unwritable_output_path(tiny_llama, tmp_path):
+    code, out, err = run("generate", "--model", str(tiny_llama), "--prompt", "x",
+                         "--output", str(tmp_path / "missing" / "out.txt"))
+    assert code == 2 and "cannot write" in err and out == ""

@@ -86,3 +86,12 @@ def test_stream_pieces_concatenate_to_the_final_text(tiny_llama):
     assert "".join(p.text for p in pieces) == stream.result.text
     assert [t for p in pieces for t in p.token_ids] == stream.result.token_ids
     assert stream.result.text == engine.tokenizer.decode(stream.result.token_ids)
+
+
+def test_transformers_streamer_receives_prompt_then_new_tokens(tiny_llama):
+    from transformers import TextIteratorStreamer
+
+    engine = longswift.load(tiny_llama, dtype="fp32")
+    streamer = TextIteratorStreamer(engine.tokenizer, skip_prompt=True)
+    result = engine.generate("It was the best", 40, ignore_eos=True, streamer=streamer)
+    assert "".join(streamer) == result.text

@@ -140,11 +140,21 @@ class Engine:
         return GenerationStream(drive(decoder, transcript), lambda: _result(decoder, transcript, prompt_ids),
                                 snapshot)
 
-    def generate(self, prompt: str | list[int], max_new_tokens: int = 256, **options: Any) -> GenerationResult:
-        """Run a whole generation; options as for `stream`."""
+    def generate(self, prompt: str | list[int], max_new_tokens: int = 256, *, streamer: Any = None,
+                 **options: Any) -> GenerationResult:
+        """Run a whole generation; options as for `stream`.
+
+        `streamer`: any object with the `transformers` streamer interface (`put(ids)`, `end()`), e.g. a
+        `TextStreamer` or `TextIteratorStreamer`: it receives the prompt ids first, then each accepted block.
+        """
         stream = self.stream(prompt, max_new_tokens, **options)
-        for _ in stream:
-            pass
+        if streamer is not None:
+            streamer.put(torch.tensor([self.encode(prompt)]))
+        for piece in stream:
+            if streamer is not None and piece.token_ids:
+                streamer.put(torch.tensor(piece.token_ids))
+        if streamer is not None:
+            streamer.end()
         assert stream.result is not None
         return stream.result
 
