@@ -88,9 +88,6 @@ class KVCache:
         """Committed keys and values of `layer`, (B, Hkv, length, D) views (read-only by convention)."""
         return self._k[layer, :, :, : self.length], self._v[layer, :, :, : self.length]
 
-    def nbytes(self) -> int:
-        return 2 * self._k.numel() * self._k.element_size()
-
 
 class NoCache:
     """A cache that keeps nothing: a full-sequence forward (training, scoring) attends only to its own tokens."""

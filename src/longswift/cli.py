@@ -292,7 +292,7 @@ class _Progress:
 
     def __init__(self, args: argparse.Namespace, err: TextIO, stream: Any, already: int) -> None:
         self.stream, self.err, self.every = stream, err, args.log_every
-        self.total, self.done, self.logged = args.max_new_tokens, already, already
+        self.total, self.done, self.logged, self.already = args.max_new_tokens, already, already, already
         self.start = time.perf_counter()
         self.bar = None
         if not args.quiet and err.isatty():
@@ -309,7 +309,7 @@ class _Progress:
                 self.bar.set_postfix_str(self._per_step(), refresh=False)
         elif self.enabled and self.done - self.logged >= self.every:
             self.logged = self.done
-            rate = (self.done - 0) / max(time.perf_counter() - self.start, 1e-9)
+            rate = (self.done - self.already) / max(time.perf_counter() - self.start, 1e-9)  # this run only
             eta = (self.total - self.done) / rate if rate > 0 else 0.0
             self.err.write(f"[longswift] {self.done:,}/{self.total:,} tokens, {rate:.1f} tok/s, "
                            f"ETA {eta / 60:.1f} min{', ' + self._per_step() if self._per_step() else ''}\n")
