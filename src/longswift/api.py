@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -244,4 +245,5 @@ def _tokenizer_eos(tokenizer: Any) -> tuple[int, ...]:
 
 
 def _random_seed() -> int:
-    return int(torch.randint(0, 2**62, ()).item())
+    """A fresh seed from the OS when none is given (never from torch's global generator, which users may seed)."""
+    return secrets.randbits(62)
