@@ -93,10 +93,11 @@ class Engine:
         self.model = checkpoint.load_model(device, dtype)
         self.tokenizer = checkpoint.load_tokenizer()
         self.eos_token_ids = checkpoint.eos_token_ids() or _tokenizer_eos(self.tokenizer)
+        self.fingerprint = checkpoint.fingerprint()  # reads the stored LM head: once, not per snapshot
         self.heads: DraftHeads | None = None
         self.heads_fingerprint: str | None = None
         if heads:
-            self.heads = DraftHeads.load(heads, checkpoint.fingerprint(), device, dtype)
+            self.heads = DraftHeads.load(heads, self.fingerprint, device, dtype)
             self.heads_fingerprint = hashlib.sha256(Path(heads).read_bytes()).hexdigest()[:16]
 
     def encode(self, prompt: str | list[int]) -> list[int]:
@@ -133,7 +134,7 @@ class Engine:
             rng = decoder.chooser.generator
             return JobState(prompt_ids, list(transcript.ids), transcript.text, mode,
                             rng.get_state().numpy().tobytes().hex() if rng is not None else None, config,
-                            self.checkpoint.fingerprint(), self.heads_fingerprint if mode == "tokenswift" else None)
+                            self.fingerprint, self.heads_fingerprint if mode == "tokenswift" else None)
 
         if resume is not None:
             _restore(resume, snapshot(), decoder, transcript)
