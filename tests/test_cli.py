@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+import longswift
+from longswift import SamplingConfig
 from longswift.cli import main
 
 
@@ -161,3 +163,39 @@ def test_unwritable_output_path(tiny_llama, tmp_path):
     code, out, err = run("generate", "--model", str(tiny_llama), "--prompt", "x",
                          "--output", str(tmp_path / "missing" / "out.txt"))
     assert code == 2 and "cannot write" in err and out == ""
+
+
+def test_nan_logits_stop_the_job_with_one_line_and_keep_the_text(tiny_llama, tmp_path):
+    """A model that turns NaN mid-generation (here: one poisoned embedding row) must not emit arbitrary tokens."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from .test_tokenswift import random_heads
+
+    prompt = "It was the best of times"
+    engine = longswift.load(tiny_llama, device="cpu")
+    prompt_ids = engine.encode(prompt)
+    clean = engine.generate(prompt, 40, sampling=SamplingConfig(), mode="ar", ignore_eos=True).token_ids
+    # The first generated token not seen before: feeding it back is the first forward that sees the NaN row.
+    i = next(i for i, t in enumerate(clean) if i >= 3 and t not in prompt_ids and t not in clean[:i])
+    poisoned = tmp_path / "poisoned"
+    shutil.copytree(tiny_llama, poisoned)
+    weights = load_file(poisoned / "model.safetensors")
+    weights["model.embed_tokens.weight"][clean[i]] = float("nan")
+    save_file(weights, poisoned / "model.safetensors", metadata={"format": "pt"})
+
+    out = tmp_path / "out.txt"
+    greedy = ("--greedy", "--repetition-penalty", "1", "--max-new-tokens", "40", "--ignore-eos", "--quiet")
+    code, _, err = run("generate", "--model", str(poisoned), "--mode", "ar", "--prompt", prompt, *greedy,
+                       "--output", str(out))
+    assert code == 2 and "NaN or infinite logits" in err and err.count("\n") == 1 and "Traceback" not in err
+    # Everything emitted before the NaN is on disk (a trailing incomplete UTF-8 character is still held back).
+    assert out.read_text(encoding="utf-8") == engine.tokenizer.decode(clean[: i + 1]).rstrip("\ufffd")
+
+    # TokenSwift may meet the poisoned token earlier (as a rejected candidate); it too stops cleanly.
+    heads = random_heads(tiny_llama, 2)
+    code, _, err = run("generate", "--model", str(poisoned), "--heads", heads, "--mode", "tokenswift", "--prompt",
+                       prompt, *greedy, "--output", str(out))
+    assert code == 2 and "NaN or infinite logits" in err and "Traceback" not in err
+    assert engine.tokenizer.decode(clean[: i + 1]).startswith(out.read_text(encoding="utf-8"))

@@ -95,3 +95,19 @@ def test_transformers_streamer_receives_prompt_then_new_tokens(tiny_llama):
     streamer = TextIteratorStreamer(engine.tokenizer, skip_prompt=True)
     result = engine.generate("It was the best", 40, ignore_eos=True, streamer=streamer)
     assert "".join(streamer) == result.text
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_non_finite_logits_raise_instead_of_picking_a_token(bad, temperature):
+    from longswift.errors import NumericalError
+    from longswift.sampling import TokenChooser
+
+    chooser = TokenChooser(SamplingConfig(temperature=temperature, repetition_penalty=1.2),
+                           torch.Generator().manual_seed(0))
+    context = torch.tensor([1, 2, 3])
+    row = torch.randn(16)
+    assert 0 <= chooser.choose(row, context) < 16
+    row[5] = bad
+    with pytest.raises(NumericalError, match="position 3"):
+        chooser.choose(row, context)

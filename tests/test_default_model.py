@@ -3,6 +3,8 @@ and TokenSwift on it is lossless."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -54,3 +56,22 @@ def test_greedy_tokenswift_on_the_shipped_model_equals_ar(model_dir):
     assert ts.stats["mode"] == "tokenswift"
     assert ts.token_ids == ar.token_ids
     assert ts.stats["mean_accepted"] > 1.0
+
+
+def test_long_run_driver_measures_a_resumable_run_and_the_card_quotes_it(model_dir, tmp_path):
+    """tools/default_model/long_run.py at toy size: a run, a resumed second session, the summary, the card."""
+    from tools.default_model import long_run
+    from tools.default_model.model_card import _long_run_section
+
+    run_dir = tmp_path / "long_run"
+    first = long_run.run(run_dir, 24)
+    assert first["exit_code"] == 0 and first["tokens_at_end"] == 24 and not first["resumed"]
+    second = long_run.run(run_dir, 48)  # the same job continued: --resume refuses another max_new_tokens
+    assert second["resumed"] and second["exit_code"] != 0 and second["tokens_at_end"] == 24
+    (run_dir / "sessions.jsonl").write_text(json.dumps(first) + "\n")
+    summary = long_run.summarise(run_dir, model_dir)
+    assert summary["tokens"] == 24 and summary["current_model"] and summary["mode"] == "tokenswift"
+    assert summary["peak_rss_mb"] > 10 and 0 < summary["distinct"]["1"] <= 1
+    card = "\n".join(_long_run_section(summary))
+    assert "## Long generation" in card and "24 tokens with TokenSwift" in card and "Distinct-1..4" in card
+    assert "not measured for this build" in "\n".join(_long_run_section({**summary, "current_model": False}))

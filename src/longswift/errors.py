@@ -32,3 +32,7 @@ class UsageError(LongswiftError):
 
 class ResumeError(LongswiftError):
     """A generation checkpoint is corrupt, or belongs to another model, heads, prompt or configuration."""
+
+
+class NumericalError(LongswiftError):
+    """The model produced non-finite logits (NaN or infinity), usually a dtype overflow at long context."""

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import ResumeError
+from .errors import LongswiftError, ResumeError
 
 FORMAT = "longswift-job/1"
 
@@ -143,17 +143,23 @@ def run_job(stream: Any, sink: TextSink, checkpoint: Path | None, every: int,
     final checkpoint is written after the output is synced, so it never claims text the file does not hold.
     """
     since = 0
-    for piece in stream:
-        sink.write(piece.text)
-        since += len(piece.token_ids)
-        on_piece(len(piece.token_ids))
-        stop = interrupted()
-        if checkpoint is not None and (stop or since >= every):
-            sink.sync()
-            stream.snapshot().save(checkpoint)
-            since = 0
-        if stop:
-            return False
+    try:
+        for piece in stream:
+            sink.write(piece.text)
+            since += len(piece.token_ids)
+            on_piece(len(piece.token_ids))
+            stop = interrupted()
+            if checkpoint is not None and (stop or since >= every):
+                sink.sync()
+                stream.snapshot().save(checkpoint)
+                since = 0
+            if stop:
+                return False
+    except LongswiftError:
+        # A failure inside a step (e.g. NaN logits): the pieces already written are good text, so make sure they
+        # reach the disk; the last periodic checkpoint stays valid for --resume.
+        sink.sync()
+        raise
     sink.sync()
     if checkpoint is not None:
         stream.snapshot().save(checkpoint)

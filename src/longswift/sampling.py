@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from .config import SamplingConfig
+from .errors import NumericalError
 
 
 def apply_penalty(logits: Tensor, window: Tensor, penalty: float) -> Tensor:
@@ -87,15 +88,35 @@ class TokenChooser:
         return warp(logits, self.cfg).softmax(-1)
 
     def choose(self, logits: Tensor, context: Tensor) -> int:
-        """The next token after `context`: argmax of the penalised logits, or one inverse-CDF draw."""
-        if self.cfg.greedy:
-            return int(apply_penalty(logits, self.window(context), self.cfg.repetition_penalty).argmax())
-        return self.draw(self.distribution(logits, context))
+        """The next token after `context`: argmax of the penalised logits, or one inverse-CDF draw.
 
-    def draw(self, probs: Tensor) -> int:
+        Raises `NumericalError` when the row is not usable (NaN or infinite logits): an argmax or a draw over
+        such a row returns an arbitrary token, and a long job would silently turn into noise.
+        """
+        if self.cfg.greedy:
+            scores = apply_penalty(logits, self.window(context), self.cfg.repetition_penalty)
+            best, index = scores.max(-1)
+            # One transfer for both numbers (one GPU sync per token, as before); V < 2**24 is exact in fp32.
+            value, token = torch.stack((best, index.to(best.dtype))).tolist()
+            if not math.isfinite(value):  # max() propagates NaN; +inf means an overflow
+                raise _non_finite(context)
+            return int(token)
+        return self.draw(self.distribution(logits, context), context)
+
+    def draw(self, probs: Tensor, context: Tensor | None = None) -> int:
         """One token from `probs` (V,), consuming exactly one uniform from the generator."""
         u = torch.rand((), generator=self.generator, device=self.generator.device).to(probs.device)
         cdf = probs.double().cumsum(-1)
         # right=True returns the first index whose cumulative mass exceeds u * total: never a zero-mass token,
         # and u < 1 keeps it inside the vocabulary.
-        return int(torch.searchsorted(cdf, u * cdf[-1], right=True))
+        token = torch.searchsorted(cdf, u * cdf[-1], right=True)
+        total, index = torch.stack((cdf[-1], token.to(cdf.dtype))).tolist()
+        if not (math.isfinite(total) and total > 0 and index < probs.shape[-1]):
+            raise _non_finite(context)
+        return int(index)
+
+
+def _non_finite(context: Tensor | None) -> NumericalError:
+    where = f" for the token at position {context.shape[0]}" if context is not None else ""
+    return NumericalError(f"the model produced NaN or infinite logits{where}; the text before it is kept. "
+                          "This is usually a numeric overflow: try --dtype fp32 (or bf16 instead of fp16)")

@@ -8,7 +8,8 @@ smoke-tested in a minute into a temporary directory.
 Run: `python -m tools.default_model.build` (defaults: work dir build/default_model/, output
 src/longswift/default_model/, ~45 minutes for the base model and ~15 for the heads on one CPU thread), or for a
 smoke test `python -m tools.default_model.build --work /tmp/dm --out /tmp/dm/model --steps 5` (tiny heads run too).
-`--only-heads` retrains only the draft heads on the existing base model and re-renders the card.
+`--only-heads` retrains only the draft heads on the existing base model and re-renders the card; `--only-card`
+only re-renders the card (after `python -m tools.default_model.long_run` has measured the 100K-token run).
 """
 
 from __future__ import annotations
@@ -54,7 +55,14 @@ def generate_sample(out_dir: Path, prompt: str = SAMPLE_PROMPT, new_tokens: int 
 
 
 def build(args: argparse.Namespace) -> None:
-    """Run every stage in order (with `--only-heads`, only the heads and the card, on the existing base model)."""
+    """Run every stage in order (with `--only-heads`, only the heads and the card, on the existing base model;
+    with `--only-card`, only the card, e.g. after `long_run.py` measured the long generation)."""
+    if args.only_card:
+        heads_metrics = args.work / HEADS_METRICS_FILE if (args.out / HEADS_FILE).exists() else None
+        card = write_model_card(args.work / "train_metrics.json", args.out, None, generate_sample(args.out),
+                                heads_metrics)
+        print(f"[build] re-rendered {card}", flush=True)
+        return
     if not args.only_heads:
         build_corpus(args.work, args.cache, args.valid_fraction)
         train_tokenizer(args.work)
@@ -80,11 +88,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-heads", action="store_true", help="stop after the base model (no draft heads)")
     parser.add_argument("--only-heads", action="store_true",
                         help="keep the corpus, tokenizer and base model; train the heads and re-render the card")
+    parser.add_argument("--only-card", action="store_true",
+                        help="train nothing; re-render MODEL_CARD.md from the work dir's metrics")
     add_training_flags(parser)
     add_heads_flags(parser)
     args = parser.parse_args(argv)
-    if args.only_heads and args.skip_heads:
-        parser.error("--only-heads and --skip-heads exclude each other")
+    if sum((args.only_heads, args.skip_heads, args.only_card)) > 1:
+        parser.error("--only-heads, --only-card and --skip-heads exclude each other")
     build(args)
 
 

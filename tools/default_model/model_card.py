@@ -20,6 +20,7 @@ from .corpus import DEFAULT_WORK
 
 DEFAULT_OUT = Path("src/longswift/default_model")
 REBUILD_COMMAND = "python -m tools.default_model.build"
+LONG_RUN_FILE = "long_run.json"  # written by long_run.py
 
 
 def _minutes(seconds: float) -> str:
@@ -127,6 +128,32 @@ def _heads_training_lines(heads: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _long_run_section(long_run: Mapping[str, Any] | None) -> list[str]:
+    """The 100K-token sanity run (long_run.py), quoted only when it was made with the shipped weights."""
+    lines = ["## Long generation", ""]
+    if not long_run or not long_run.get("current_model"):
+        return lines + ["(not measured for this build: `python -m tools.default_model.long_run`)", ""]
+    spec, sampling = long_run["config"]["speculation"], long_run["config"]["sampling"]
+    distinct = " / ".join(f"{long_run['distinct'][str(n)]:.3f}" for n in (1, 2, 3, 4))
+    sessions = f" in {long_run['sessions']} sessions (interrupted and resumed)" if long_run["sessions"] > 1 else ""
+    return lines + [
+        f"- {long_run['tokens']:,} tokens with TokenSwift (tree {spec['tree']}, {spec['ngram_topk']} n-grams, "
+        f"KV budget {spec['kv_budget']:,}) and the default sampling (temperature {sampling['temperature']:g}, "
+        f"min-p {sampling['min_p']:g}, repetition penalty {sampling['repetition_penalty']:g} over the last "
+        f"{sampling['penalty_window']:,} tokens), seed {long_run['seed']}, one CPU thread, fp32.",
+        f"- Finished without NaN or infinite logits (longswift stops with an error if any appear) in "
+        f"{_minutes(long_run['seconds'])}{sessions}.",
+        f"- Memory: peak resident set {long_run['peak_rss_mb']:,.0f} MiB"
+        + (f"; resident set between {long_run['rss_mb_min']:,.0f} and {long_run['rss_mb_max']:,.0f} MiB over "
+           f"{long_run['rss_samples']} samples, one every 30 s" if long_run["rss_samples"] else "")
+        + " (the full KV cache is allocated up front, so it does not grow with the text).",
+        f"- Distinct-1..4 of the generated tokens: {distinct}. Low values mean the model repeats itself over 100K "
+        "tokens: a 6M-parameter model has little to say.",
+        f"- Command: `{long_run['command']}`",
+        "",
+    ]
+
+
 def _sample_section(sample_text: str | None) -> list[str]:
     lines = ["## Sample", ""]
     if not sample_text:
@@ -139,8 +166,10 @@ def render_model_card(
     head_accuracy: Mapping[str, float] | None = None,
     sample_text: str | None = None,
     heads_metrics: Mapping[str, Any] | None = None,
+    long_run: Mapping[str, Any] | None = None,
 ) -> str:
-    """The whole MODEL_CARD.md text (`heads_metrics`: the contents of heads_metrics.json, if the heads exist)."""
+    """The whole MODEL_CARD.md text (`heads_metrics`: the contents of heads_metrics.json, if the heads exist;
+    `long_run`: the contents of long_run.json, if the long-generation run was made)."""
     lines = [
         "# longswift default model",
         "",
@@ -155,6 +184,7 @@ def render_model_card(
     lines += _training_section(metrics)
     lines += _results_section(metrics)
     lines += _heads_section(head_accuracy, heads_metrics)
+    lines += _long_run_section(long_run)
     lines += _sample_section(sample_text)
     lines += ["## Rebuild", "", f"`{REBUILD_COMMAND}` from the repository root (see tools/default_model/).", ""]
     return "\n".join(lines)
@@ -167,14 +197,28 @@ def write_model_card(
     sample_text: str | None = None,
     heads_metrics_path: Path | None = None,
 ) -> Path:
-    """Render from a train_metrics.json file (and a heads_metrics.json file, if given) into OUT/MODEL_CARD.md."""
+    """Render from a train_metrics.json file (and a heads_metrics.json file, if given) into OUT/MODEL_CARD.md.
+
+    WORK/long_run.json (beside train_metrics.json) is quoted when present; its `current_model` flag says
+    whether it was measured on these weights (a rebuild makes it stale until the run is repeated).
+    """
     metrics = json.loads(metrics_path.read_text(encoding="utf-8"))
     heads = json.loads(heads_metrics_path.read_text(encoding="utf-8")) if heads_metrics_path else None
     if heads and head_accuracy is None:
         head_accuracy = heads["valid_head_accuracy"]
+    long_run_path = metrics_path.parent / LONG_RUN_FILE
+    long_run = json.loads(long_run_path.read_text(encoding="utf-8")) if long_run_path.exists() else None
+    if long_run is not None:
+        long_run["current_model"] = _same_model(long_run.get("model_fingerprint"), out_dir)
     path = out_dir / "MODEL_CARD.md"
-    path.write_text(render_model_card(metrics, head_accuracy, sample_text, heads), encoding="utf-8")
+    path.write_text(render_model_card(metrics, head_accuracy, sample_text, heads, long_run), encoding="utf-8")
     return path
+
+
+def _same_model(fingerprint: str | None, out_dir: Path) -> bool:
+    from longswift.checkpoint import Checkpoint
+
+    return fingerprint is not None and fingerprint == Checkpoint.open(out_dir).fingerprint()
 
 
 def main(argv: list[str] | None = None) -> None:
