@@ -168,3 +168,7 @@ def test_python_api_snapshot_and_resume(tiny_llama):
     resumed = engine.generate("It was", 60, sampling=cfg, seed=2, ignore_eos=True, resume=state)
     assert resumed.token_ids == full.token_ids
     assert resumed.text == full.text
+    stats = resumed.stats  # the whole job's tokens, but the rate of this run's tokens only
+    done_before = len(state.generated_ids)
+    assert stats["new_tokens"] == 60 and stats["resumed_tokens"] == done_before and full.stats["resumed_tokens"] == 0
+    assert stats["tokens_per_s"] * stats["decode_s"] == pytest.approx(60 - done_before)

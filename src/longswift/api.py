@@ -139,7 +139,9 @@ class Engine:
         if resume is not None:
             _restore(resume, snapshot(), decoder, transcript)
         decoder.start(prompt_ids + list(transcript.ids))
-        return GenerationStream(drive(decoder, transcript), lambda: _result(decoder, transcript, prompt_ids),
+        resumed = len(resume.generated_ids) if resume is not None else 0
+        return GenerationStream(drive(decoder, transcript),
+                                lambda: _result(decoder, transcript, prompt_ids, resumed),
                                 snapshot)
 
     def generate(self, prompt: str | list[int], max_new_tokens: int = 256, *, streamer: Any = None,
@@ -210,12 +212,18 @@ def load(model: str | Path | None = None, *, heads: str | Path | None | bool = N
     return Engine(checkpoint, dev, resolve_dtype(dtype, dev), heads or None)
 
 
-def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int]) -> GenerationResult:
+def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int], resumed: int = 0) -> GenerationResult:
+    """The result of the whole job; timing and speculation statistics cover this run only.
+
+    After a resume, `new_tokens` counts the whole job's tokens but only `new_tokens - resumed_tokens` were
+    decoded in the `decode_s` of this run, so the rate is computed from those.
+    """
     times = decoder.timer.totals
     decode_s = sum(v for k, v in times.items() if k != "prefill")
     n = len(transcript.ids)
-    stats = {"mode": decoder.mode, "new_tokens": n, "prefill_s": times.get("prefill", 0.0), "decode_s": decode_s,
-             "tokens_per_s": n / decode_s if decode_s > 0 else 0.0, **decoder.stats()}
+    stats = {"mode": decoder.mode, "new_tokens": n, "resumed_tokens": resumed, "prefill_s": times.get("prefill", 0.0),
+             "decode_s": decode_s, "tokens_per_s": (n - resumed) / decode_s if decode_s > 0 else 0.0,
+             **decoder.stats()}
     return GenerationResult(transcript.text, list(transcript.ids), prompt_ids, transcript.finish_reason or "", stats)
 
 

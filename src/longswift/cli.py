@@ -283,7 +283,9 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _summary(s: dict[str, Any], finish_reason: str) -> str:
     extra = (f", {s['mean_accepted']:.2f} tokens/step, acceptance {s['acceptance_rate']:.2f}"
              if s["mode"] == "tokenswift" else "")
-    return (f"[{s['mode']}] {s['new_tokens']} tokens in {s['decode_s']:.2f}s ({s['tokens_per_s']:.1f} tok/s{extra}), "
+    resumed = f" ({s['new_tokens'] - s['resumed_tokens']} in this run)" if s.get("resumed_tokens") else ""
+    return (f"[{s['mode']}] {s['new_tokens']} tokens{resumed} in {s['decode_s']:.2f}s "
+            f"({s['tokens_per_s']:.1f} tok/s{extra}), "
             f"prefill {s['prefill_s']:.2f}s, stop: {finish_reason}")
 
 
