@@ -98,8 +98,12 @@ def summarise(run_dir: Path, model_dir: Path) -> dict[str, Any]:
     memory = run_dir / "memory.tsv"
     rss_mb = [int(line.split("\t")[1]) / 1024 for line in memory.read_text().splitlines() if line]
     ids = state.generated_ids
+    vocab = Checkpoint.open(model_dir).config.vocab_size
     return {
         "tokens": len(ids),
+        # Under sampling a NaN row has no valid draw, so valid ids throughout also show the logits stayed finite
+        # (and longswift raises NumericalError on such a row).
+        "ids_in_vocabulary": all(0 <= i < vocab for i in ids),
         "seconds": sum(s["seconds"] for s in sessions),
         "sessions": len(sessions),
         "peak_rss_mb": max(s["peak_rss_kb"] for s in sessions) / 1024,

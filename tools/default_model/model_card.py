@@ -141,17 +141,27 @@ def _long_run_section(long_run: Mapping[str, Any] | None) -> list[str]:
         f"KV budget {spec['kv_budget']:,}) and the default sampling (temperature {sampling['temperature']:g}, "
         f"min-p {sampling['min_p']:g}, repetition penalty {sampling['repetition_penalty']:g} over the last "
         f"{sampling['penalty_window']:,} tokens), seed {long_run['seed']}, one CPU thread, fp32.",
-        f"- Finished without NaN or infinite logits (longswift stops with an error if any appear) in "
-        f"{_minutes(long_run['seconds'])}{sessions}.",
-        f"- Memory: peak resident set {long_run['peak_rss_mb']:,.0f} MiB"
-        + (f"; resident set between {long_run['rss_mb_min']:,.0f} and {long_run['rss_mb_max']:,.0f} MiB over "
-           f"{long_run['rss_samples']} samples, one every 30 s" if long_run["rss_samples"] else "")
-        + " (the full KV cache is allocated up front, so it does not grow with the text).",
+        f"- Finished in {_minutes(long_run['seconds'])}{sessions}, without NaN or infinite logits: "
+        + ("every generated id is a valid token, which a sampled NaN row cannot produce, and "
+           if long_run.get("ids_in_vocabulary") else "")
+        + "longswift stops a job with an error on such logits.",
+        _memory_line(long_run),
         f"- Distinct-1..4 of the generated tokens: {distinct}. Low values mean the model repeats itself over 100K "
         "tokens: a 6M-parameter model has little to say.",
         f"- Command: `{long_run['command']}`",
         "",
     ]
+
+
+def _memory_line(long_run: Mapping[str, Any]) -> str:
+    line = f"- Memory: peak resident set {long_run['peak_rss_mb']:,.0f} MiB"
+    if long_run["rss_samples"]:
+        line += (f"; resident set between {long_run['rss_mb_min']:,.0f} and {long_run['rss_mb_max']:,.0f} MiB over "
+                 f"{long_run['rss_samples']} samples taken every 30 s")
+    line += " (the full KV cache is allocated up front, so it does not grow with the text"
+    if long_run["sessions"] > 1:
+        line += "; the highest values are the prefill that re-reads the whole text when a session resumes"
+    return line + ")."
 
 
 def _sample_section(sample_text: str | None) -> list[str]:
