@@ -190,5 +190,5 @@ def test_heads_for_another_model_are_refused(tiny_llama, checkpoint_factory):
 def test_device_defaults_are_the_papers_on_gpu_and_smaller_on_cpu():
     assert SpeculationConfig.for_device("cuda") == SpeculationConfig()
     cpu = SpeculationConfig.for_device("cpu")
-    assert cpu.tree == (1, 1) and cpu.ngram_topk == 2
+    assert cpu.tree == (1,) and cpu.ngram_topk == 1
     assert SpeculationConfig.for_device("cpu", ngram_topk=7).ngram_topk == 7

@@ -175,9 +175,9 @@ def _add_speculation(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("TokenSwift (defaults: the paper's on GPUs, a smaller tree on CPUs)")
     g.add_argument("--heads", type=Path, help="draft heads file (default: heads.safetensors in the model directory)")
     g.add_argument("--tree", default=None,
-                   help="candidates per depth: base head, then each draft head (default 1,3,3,3 on GPU, 1,1 on CPU)")
+                   help="candidates per depth: base head, then each draft head (default 1,3,3,3 on GPU, 1 on CPU)")
     g.add_argument("--ngram-topk", type=int, default=None,
-                   help="n-gram chains added per step; 0 = off (default 20 on GPU, 2 on CPU)")
+                   help="n-gram chains added per step; 0 = off (default 20 on GPU, 1 on CPU)")
     g.add_argument("--kv-budget", type=int, default=4096, help="rows of the partial KV cache for drafting (4096)")
     g.add_argument("--sink-tokens", type=int, default=16, help="leading rows always kept in it (16)")
 

@@ -232,10 +232,12 @@ class SpeculationConfig:
         """Defaults for a device: the paper's on GPUs; a small tree and few n-grams on CPUs.
 
         On a GPU verifying ~100 candidate tokens costs about one decoding step, so the paper's tree [1,3,3,3] with
-        20 n-gram chains pays. On a CPU every verified token costs compute: on the embedded model (2,048 new
-        tokens, BENCHMARKS.md) the paper's tree ran at 0.57x AR, tree [1,1] with 2 n-grams at 1.08x.
+        20 n-gram chains pays. On a CPU every verified token costs compute (attention is compute-bound there), so
+        the fewest candidates win: on the embedded model (greedy, BENCHMARKS.md) tree [1] with one n-gram chain
+        ran at 1.17x / 1.17x / 0.96x AR at 2K / 8K / 20K new tokens, tree [1,1] with 2 chains at 1.21x / 0.88x /
+        0.81x, the paper's tree at 0.52x / 0.34x.
         """
-        base: dict[str, object] = {} if device_type == "cuda" else {"tree": (1, 1), "ngram_topk": 2}
+        base: dict[str, object] = {} if device_type == "cuda" else {"tree": (1,), "ngram_topk": 1}
         return cls(**{**base, **changes})  # type: ignore[arg-type]
 
     def tree_nodes(self) -> int:
