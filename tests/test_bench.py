@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -210,6 +211,9 @@ def test_run_bench_smoke(tiny_llama, tmp_path):
     assert report.summary("ar", 16).speedup_vs_ar == 1.0
     saved = json.loads((cfg.out / "results.json").read_text())
     assert saved["lossless"] is True and saved["environment"]["torch"] == torch.__version__
+    # plain `tokenswift` ran the device's defaults, and the saved config says which ones
+    assert saved["config"]["methods"][3]["speculation"] == json.loads(json.dumps(
+        asdict(SpeculationConfig.for_device("cpu"))))
     assert len(saved["runs"]) == 10 and saved["prompts"]["tokens"] == [48]
     assert len((cfg.out / "runs.jsonl").read_text().splitlines()) == 10
     with open(cfg.out / "results.csv", newline="") as f:

@@ -402,6 +402,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport
     track.phase("load")
     _check_fits(Checkpoint.open(model_dir).config.max_position_embeddings, cfg)
     engine = load(model_dir, heads=heads, device=cfg.device, dtype=cfg.dtype)
+    cfg = with_device_defaults(cfg, engine.device.type)
     prompts = load_prompts(engine.tokenizer, cfg.prompts, cfg.prompt_len, min(cfg.repeats, 64))
     runner = _Runner(engine, cfg, _load_hf(engine) if any(m.kind in HF_KINDS for m in cfg.methods) else None)
     report = BenchReport(cfg, environment(engine, model_dir, heads), prompts, started_at=_now())
@@ -424,6 +425,14 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport
     report.files = write_results(report, cfg.out)
     track.phase("done")
     return report
+
+
+def with_device_defaults(cfg: BenchConfig, device_type: str) -> BenchConfig:
+    """Plain `tokenswift` runs the engine's defaults for the device; write them into the config, so that
+    results.json says which tree and n-gram settings ran even after the defaults change."""
+    methods = tuple(replace(m, speculation=SpeculationConfig.for_device(device_type))
+                    if m.kind == "tokenswift" and m.speculation is None else m for m in cfg.methods)
+    return replace(cfg, methods=methods)
 
 
 def _append_runs(path: Path, records: list[RunRecord]) -> None:
