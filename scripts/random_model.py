@@ -26,7 +26,8 @@ from longswift.heads import DraftHeads
 from longswift.model import Transformer
 from longswift.profile import ProfileConfig, format_profile, run_profile
 from longswift.sampling import TokenChooser
-from longswift.tokenswift import HeadsDrafter, TokenSwiftDecoder
+from longswift.drafting import make_drafter
+from longswift.tokenswift import TokenSwiftDecoder
 from longswift.transcript import Transcript
 
 SHAPES = {
@@ -106,7 +107,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     print(f"  ar: {args.new / ar_s:8.1f} tok/s ({ar_s:.2f} s)")
     for tree, k in ((1, 3, 3, 3), 20), ((1, 2, 2, 2), 8), ((1, 1, 1, 1), 4):
         spec = SpeculationConfig(tree=tree, ngram_topk=k)
-        make = lambda: TokenSwiftDecoder(model, TokenChooser(sampling), HeadsDrafter(model, heads, sampling, spec),  # noqa: E731
+        make = lambda: TokenSwiftDecoder(model, TokenChooser(sampling), make_drafter(model, heads, sampling, spec),  # noqa: E731
                                          spec, cap)
         timed(make(), prompt, 16)
         ids, s, st = timed(make(), prompt, args.new)

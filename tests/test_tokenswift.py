@@ -15,6 +15,7 @@ import longswift
 from longswift import SamplingConfig
 from longswift.checkpoint import Checkpoint
 from longswift.config import SpeculationConfig
+from longswift.drafting import Draft
 from longswift.heads import DraftHeads
 from longswift.tokenswift import TokenSwiftDecoder
 
@@ -86,7 +87,10 @@ class OracleDrafter:
     def start(self, full, log) -> None:
         pass
 
-    def propose(self, context, full, log) -> list[list[int]]:
+    def observe(self, hidden) -> None:
+        pass
+
+    def propose(self, context, full, log) -> Draft:
         done = context.shape[0] - self.prompt_len
         levels = []
         for depth, width in enumerate(self.tree):
@@ -95,7 +99,7 @@ class OracleDrafter:
                 break
             right = self.future[i]
             levels.append([right] + [(right + j) % 384 for j in range(1, width)])
-        return levels
+        return Draft(levels, [[1.0] + [0.0] * (len(row) - 1) for row in levels])
 
 
 def run_with_drafter(engine, drafter_for, n, spec, stop=None, **kw):

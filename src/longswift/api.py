@@ -171,7 +171,8 @@ class Engine:
 
     def _decoder(self, mode: str, sampling: SamplingConfig, seed: int | None, capacity: int,
                  spec: SpeculationConfig) -> Decoder:
-        from .tokenswift import HeadsDrafter, TokenSwiftDecoder
+        from .drafting import make_drafter
+        from .tokenswift import TokenSwiftDecoder
 
         generator = None
         if not sampling.greedy:
@@ -182,7 +183,7 @@ class Engine:
         if self.heads is None:
             raise HeadsError("mode tokenswift needs draft heads (--heads FILE); train them with "
                              "`longswift train-heads`")
-        drafter = HeadsDrafter(self.model, self.heads, sampling, spec)
+        drafter = make_drafter(self.model, self.heads, sampling, spec)
         return TokenSwiftDecoder(self.model, chooser, drafter, spec, capacity)
 
     def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:

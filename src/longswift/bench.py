@@ -149,7 +149,8 @@ def parse_ints(text: str, what: str) -> tuple[int, ...]:
 
 _TOKENSWIFT_KEYS = {"tree": "tree", "k": "ngram_topk", "ngram_topk": "ngram_topk", "budget": "kv_budget",
                     "kv_budget": "kv_budget", "sink": "sink_tokens", "sink_tokens": "sink_tokens", "n": "ngram_n",
-                    "ngram_n": "ngram_n"}
+                    "ngram_n": "ngram_n", "draft": "draft", "cand": "candidates", "candidates": "candidates"}
+_TOKENSWIFT_WORDS = {"draft", "candidates"}  # options whose values are words, not integers
 _HF_KEYS = {"hf": ("cache", "compile"), "hf-lookup": ("cache", "compile", "tokens", "ngram")}
 
 
@@ -210,11 +211,15 @@ def _speculation(options: dict[str, str], name: str) -> SpeculationConfig:
     values: dict[str, Any] = {}
     for key, raw in options.items():
         if key not in _TOKENSWIFT_KEYS:
-            raise ConfigError(f"unknown tokenswift option {key!r} in {name!r}; use tree, k, budget, sink, n")
+            raise ConfigError(f"unknown tokenswift option {key!r} in {name!r}; "
+                              "use tree, k, budget, sink, n, draft, cand")
         target = _TOKENSWIFT_KEYS[key]
         if target in values:
             raise ConfigError(f"option {target} given twice in {name!r}")
-        values[target] = _tree(raw, name) if target == "tree" else _int(raw, key, name)
+        if target in _TOKENSWIFT_WORDS:
+            values[target] = raw
+        else:
+            values[target] = _tree(raw, name) if target == "tree" else _int(raw, key, name)
     return SpeculationConfig(**values)  # validates ranges, raising ConfigError
 
 

@@ -208,15 +208,28 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+DRAFT_MODES = ("partial", "fused")
+CANDIDATE_MODES = ("all", "adaptive")
+
+
 @dataclass(frozen=True)
 class SpeculationConfig:
-    """TokenSwift's drafting and verification knobs (defaults: the paper's)."""
+    """TokenSwift's drafting and verification knobs (defaults: the paper's).
 
-    tree: tuple[int, ...] = (1, 3, 3, 3)  # candidates per depth: base head, then one entry per draft head
+    draft "partial" is the paper's: a second forward per step over the partial KV cache drafts γ+1 levels.
+    draft "fused" drafts from the hidden state the verification forward already computed (one forward per step,
+    at most γ levels, each predicted one token further ahead). candidates "all" verifies every candidate;
+    "adaptive" verifies only those whose expected gain pays for their measured cost (the tree widths and the
+    n-gram count are then upper bounds). Neither choice changes the emitted tokens, only the speed.
+    """
+
+    tree: tuple[int, ...] = (1, 3, 3, 3)  # candidates per depth below the root (depth 1 first)
     ngram_topk: int = 20  # n-gram chains added per step (0 = no token reuse)
-    ngram_n: int = 4  # n-gram length (a chain adds n tokens after the root)
+    ngram_n: int = 4  # n-gram length
     kv_budget: int = 4096  # rows of the partial cache that drafting attends to
     sink_tokens: int = 16  # leading rows always kept in the partial cache
+    draft: str = "partial"  # "partial" (the paper's drafting forward) or "fused" (from the verification forward)
+    candidates: str = "all"  # "all" (the paper's) or "adaptive" (cost-aware subset)
 
     def __post_init__(self) -> None:
         _check(len(self.tree) >= 1 and all(w >= 1 for w in self.tree),
@@ -226,6 +239,9 @@ class SpeculationConfig:
         _check(self.ngram_n >= 2, f"n-gram length must be >= 2, got {self.ngram_n}")
         _check(0 <= self.sink_tokens < self.kv_budget,
                f"need 0 <= sink-tokens < kv-budget, got {self.sink_tokens} and {self.kv_budget}")
+        _check(self.draft in DRAFT_MODES, f"draft must be one of {', '.join(DRAFT_MODES)}, got {self.draft!r}")
+        _check(self.candidates in CANDIDATE_MODES,
+               f"candidates must be one of {', '.join(CANDIDATE_MODES)}, got {self.candidates!r}")
 
     @classmethod
     def for_device(cls, device_type: str, **changes: object) -> SpeculationConfig:
@@ -252,5 +268,10 @@ class SpeculationConfig:
         """Upper bound of the trie size, root included."""
         return 1 + self.tree_nodes() + self.ngram_topk * self.ngram_n
 
+    def chain_length(self) -> int:
+        """Tokens an n-gram chain adds below the root: the whole n-gram when it is keyed on the depth-1 draft
+        (partial), the n-1 tokens after the root when it is keyed on the root itself (fused)."""
+        return self.ngram_n if self.draft == "partial" else self.ngram_n - 1
+
     def max_depth(self) -> int:
-        return max(len(self.tree), self.ngram_n if self.ngram_topk else 0)
+        return max(len(self.tree), self.chain_length() if self.ngram_topk else 0)

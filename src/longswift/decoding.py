@@ -49,13 +49,18 @@ class Context:
     def __init__(self, capacity: int, device: torch.device) -> None:
         self._buf = torch.zeros(capacity, dtype=torch.long, device=device)
         self.length = 0
-        self.last = -1  # the last decided id, kept on the host too (reading it back would sync a GPU)
+        self.host: list[int] = []  # the same ids on the host (reading them back would sync a GPU)
+
+    @property
+    def last(self) -> int:
+        """The last decided id."""
+        return self.host[-1] if self.host else -1
 
     def extend(self, tokens: list[int]) -> None:
         n = len(tokens)
         self._buf[self.length: self.length + n] = torch.as_tensor(tokens, device=self._buf.device)
         self.length += n
-        self.last = tokens[-1]
+        self.host.extend(tokens)
 
     def ids(self) -> Tensor:
         """(length,) view of the decided ids."""

@@ -75,10 +75,15 @@ class DraftHeads(nn.Module):
             outs.append(block.out_norm(h))
         return outs
 
-    def logits(self, model: Transformer, hidden: Tensor) -> Tensor:
-        """hidden (..., H) -> fp32 logits (γ+1, ..., V): row 0 from the base head, row i from block i."""
-        rows = [model.model.norm(hidden)] + [out.to(model.dtype) for out in self(hidden.to(self.dtype))]
-        return model.lm_head(torch.stack(rows)).float()  # one LM-head matmul for all γ+1 rows
+    def logits(self, model: Transformer, hidden: Tensor, base: bool = True) -> Tensor:
+        """hidden (..., H) -> fp32 logits (γ+1, ..., V): row 0 from the base head, row i from block i.
+
+        base=False leaves out the base head's row -> (γ, ..., V), for callers that already know its choice.
+        """
+        rows = [out.to(model.dtype) for out in self(hidden.to(self.dtype))]
+        if base:
+            rows.insert(0, model.model.norm(hidden))
+        return model.lm_head(torch.stack(rows)).float()  # one LM-head matmul for all rows
 
     @property
     def dtype(self) -> torch.dtype:

@@ -19,6 +19,7 @@ class NGramTable:
             raise ValueError(f"n-grams need n >= 2, got {n}")
         self.n = n
         self._by_first: dict[int, dict[tuple[int, ...], int]] = {}
+        self._totals: dict[int, int] = {}  # n-grams counted per first token
         self._tail: list[int] = []  # the last n-1 tokens added
 
     def add(self, tokens: Iterable[int]) -> None:
@@ -30,6 +31,7 @@ class NGramTable:
                 gram = tuple(tail[-n:])
                 rest = self._by_first.setdefault(gram[0], {})
                 rest[gram] = rest.get(gram, 0) + 1
+                self._totals[gram[0]] = self._totals.get(gram[0], 0) + 1
                 del tail[: len(tail) - (n - 1)]
 
     def top_k(self, first: int, k: int) -> list[tuple[int, ...]]:
@@ -39,6 +41,11 @@ class NGramTable:
             return []
         # nlargest is stable for equal keys (documented equivalent of sorted(..., reverse=True)[:k]).
         return heapq.nlargest(k, grams, key=grams.__getitem__)
+
+    def share(self, gram: tuple[int, ...]) -> float:
+        """count(gram) / all n-grams counted with the same first token: how often this continuation followed it."""
+        total = self._totals.get(gram[0], 0) if gram else 0
+        return self.count(gram) / total if total else 0.0
 
     def count(self, gram: tuple[int, ...]) -> int:
         return self._by_first.get(gram[0], {}).get(gram, 0) if gram else 0

@@ -1,99 +1,59 @@
-"""TokenSwift decoding: draft with the heads over a partial cache, verify a merged trie over the full cache.
+"""TokenSwift decoding: draft candidates, choose which to verify, verify a merged trie over the full cache.
 
 One step:
-  1. draft    feed the tokens decided since the last draft through the model with the *partial* cache; the base
-              head and the γ draft heads give γ+1 distributions; keep the top tokens per depth (tree shape);
-  2. reuse    add the top-k n-grams that start with the depth-1 draft token;
-  3. verify   one forward of the merged trie (root = last decided token) over the *full* cache with a tree mask;
+  1. draft    the drafter (drafting.py) proposes the top tokens per depth below the root: the paper's mode runs a
+              second forward over the partial cache, the fused mode reuses the last verification's hidden state;
+  2. reuse    add the top-k n-gram chains that start with the depth-1 draft (paper) or with the root itself (fused);
+  3. choose   the controller (controller.py) keeps the sub-trie whose expected tokens per second is highest
+              (everything, with `candidates="all"`);
+  4. verify   one forward of that trie (root = last decided token) over the *full* cache with a tree mask;
               walk it with the target's own choices (verify.py) — the only place tokens are decided;
-  4. commit   keep the accepted path's rows in the full cache; update the n-gram table.
-Drafting can only change how many tokens a step accepts, never which tokens are emitted.
+  5. commit   keep the accepted path's rows in the full cache; update the n-gram table and the acceptance rates.
+Drafting and choosing can only change how many tokens a step accepts, never which tokens are emitted.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import Any, Protocol
+from collections import Counter, deque
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from .cache import KVCache
-from .config import SamplingConfig, SpeculationConfig
+from .config import SpeculationConfig
+from .controller import Controller, head_source, ngram_source
 from .decoding import Context, Timer, prefill
-from .heads import DraftHeads
+from .drafting import Draft, Drafter
 from .model import QueryLog, Transformer
 from .ngram import NGramTable
-from .partial_cache import PartialCache
-from .sampling import TokenChooser, apply_penalty
+from .sampling import TokenChooser
 from .tree import Trie
 from .verify import walk
 
-
-class Drafter(Protocol):
-    """Proposes candidate tokens per depth for the continuation of the decided context."""
-
-    def start(self, full: KVCache, log: QueryLog) -> None: ...
-
-    def propose(self, context: Tensor, full: KVCache, log: QueryLog) -> list[list[int]]: ...
-
-
-class HeadsDrafter:
-    """The model plus trained draft heads, attending to a partial cache."""
-
-    def __init__(self, model: Transformer, heads: DraftHeads, sampling: SamplingConfig,
-                 spec: SpeculationConfig) -> None:
-        if len(spec.tree) > heads.meta.gamma + 1:
-            from .errors import ConfigError
-
-            raise ConfigError(f"tree {list(spec.tree)} has depth {len(spec.tree)} but the heads give only "
-                              f"{heads.meta.gamma + 1} distributions (γ={heads.meta.gamma})")
-        self.model, self.heads, self.spec = model, heads, spec
-        self.chooser = TokenChooser(SamplingConfig(repetition_penalty=sampling.repetition_penalty,
-                                                   penalty_window=sampling.penalty_window))
-        self.partial = PartialCache(model.cfg, spec.kv_budget, spec.sink_tokens, max_new=spec.max_depth() + 2,
-                                    device=model.device, dtype=model.dtype)
-        self.covered = 0  # decided tokens already fed to the partial cache (or covered by a selection)
-
-    def start(self, full: KVCache, log: QueryLog) -> None:
-        self.partial.select(full, log)
-        self.covered = full.length
-
-    @torch.inference_mode()
-    def propose(self, context: Tensor, full: KVCache, log: QueryLog) -> list[list[int]]:
-        new = context[self.covered:]
-        if not self.partial.room_for(new.shape[0]):
-            self.partial.select(full, log)
-            self.covered = full.length
-            new = context[self.covered:]
-        positions = torch.arange(self.covered, context.shape[0], device=context.device)
-        hidden = self.model(new[None], positions, self.partial)[0, -1]
-        self.covered = context.shape[0]
-        logits = self.heads.logits(self.model, hidden)[: len(self.spec.tree)]
-        # The target is penalised, so penalised drafts match it more often (drafts never affect the output).
-        logits = apply_penalty(logits, self.chooser.window(context), self.chooser.cfg.repetition_penalty)
-        top = logits.topk(max(self.spec.tree), dim=-1).indices.tolist()  # one transfer for all depths
-        return [row[:width] for row, width in zip(top, self.spec.tree)]
+CPU_BATCHED_LOGITS = int(__import__("os").environ.get("LS_BATCH", "16"))  # tries up to this size get one LM-head matmul on a CPU
 
 
 class NodeLogits:
-    """Logits of trie nodes, computed the cheaper way for the device.
+    """Logits of trie nodes, computed the cheaper way for the device and trie size.
 
-    On a GPU the LM head is memory-bound: one matmul over all nodes reads it once, where per-node calls would
-    read it for every visited node (1 GB each for a 128K-vocabulary 8B model). On a CPU it is compute-bound and
-    only the few visited nodes (<= depth + 1) are worth computing.
+    Reading the LM head's weights dominates its cost for a few rows (8 MB for the embedded model, 1 GB for an 8B
+    model with a 128K vocabulary), so one matmul over all nodes, which reads them once, beats a call per visited
+    node (which reads them again for every node). On a CPU large tries make the matmul compute-bound instead, and
+    then only the few visited nodes (<= depth + 1) are worth computing.
     """
 
     def __init__(self, model: Transformer, hidden: Tensor) -> None:
         self.model, self.hidden = model, hidden
-        self.all = model.logits(hidden) if hidden.device.type == "cuda" else None
+        batch = hidden.device.type == "cuda" or hidden.shape[0] <= CPU_BATCHED_LOGITS
+        self.all = model.logits(hidden) if batch else None
 
     def __getitem__(self, node: int) -> Tensor:
         return self.all[node] if self.all is not None else self.model.logits(self.hidden[node])
 
 
 class TokenSwiftDecoder:
-    """Speculative decoder: draft, reuse n-grams, verify a trie over the full cache, commit the accepted path."""
+    """Speculative decoder: draft, reuse n-grams, choose, verify a trie over the full cache, commit the accepted path."""
 
     mode = "tokenswift"
 
@@ -104,46 +64,92 @@ class TokenSwiftDecoder:
         self.context = Context(capacity + spec.max_depth() + 1, model.device)
         self.ngrams = NGramTable(spec.ngram_n)
         self.timer = Timer(model.device)
+        self.controller = Controller(spec.candidates == "adaptive", spec.max_nodes(), self._time_forward)
         self.log = QueryLog(row=-1)
+        self._learning: deque[tuple[Trie, int]] = deque()  # candidate tries waiting for their hindsight
         self.steps = 0
         self.accepted = 0
         self.accepted_ngram = 0
         self.per_step: Counter[int] = Counter()
+        self.verified: Counter[int] = Counter()
+        self.predicted_s = 0.0
+        self.measured_s = 0.0
 
     @torch.inference_mode()
     def start(self, prompt_ids: list[int]) -> None:
         t0 = self.timer.now()
         self.context.extend(prompt_ids)
         if len(prompt_ids) > 1:  # the last prompt token is the first trie root, so it is not cached yet
-            prefill(self.model, self.cache, self.context.ids()[:-1], log=self.log)
+            self.drafter.observe(prefill(self.model, self.cache, self.context.ids()[:-1], log=self.log))
         self.ngrams.add(prompt_ids)
         self.drafter.start(self.cache, self.log)
         self.timer.add("prefill", t0, sync=True)
 
     @torch.inference_mode()
     def step(self) -> list[int]:
+        t = self.timer.now()
+        if self.controller.calibrate_if_due(self.cache.length):  # timed forwards, counted as decoding time
+            self.timer.add("calibrate", t)
         t0 = self.timer.now()
-        levels = self.drafter.propose(self.context.ids(), self.cache, self.log)
+        draft = self.drafter.propose(self.context.ids(), self.cache, self.log)
         t1 = self.timer.add("draft", t0)
-        trie = self._candidates(levels)
+        candidates = self._candidates(draft)
+        choice = self.controller.select(candidates, self.cache.length)
         t2 = self.timer.add("bookkeeping", t1)
-        logits = NodeLogits(self.model, self._verify_forward(trie))
+        trie = choice.trie
+        hidden = self._verify_forward(trie)
+        logits = NodeLogits(self.model, hidden)
         result = walk(trie, lambda node: self.chooser.choose(logits[node], self._context(trie, node)))
         t3 = self.timer.add("verify", t2)
+        self.drafter.observe(hidden[result.nodes[-1] if result.nodes else 0])
         self.cache.commit([0] + result.nodes)
+        self._learning.append((candidates, self.context.length - 1))
         self.context.extend(result.tokens)
         self.ngrams.add(result.tokens)
+        self._learn()
         self._count(trie, result.nodes)
-        self.timer.add("bookkeeping", t3)
+        t4 = self.timer.add("bookkeeping", t3)
+        self.controller.measured(len(trie), self.cache.length, t4 - t0)
+        self.predicted_s += choice.predicted_s
+        self.measured_s += t4 - t0
         return result.tokens
 
-    def _candidates(self, levels: list[list[int]]) -> Trie:
+    def _candidates(self, draft: Draft) -> Trie:
+        """Every candidate of this step, each node labelled with the sources that proposed it."""
         trie = Trie.rooted(self.context.last)
-        trie.add_levels(levels)
-        if levels and self.spec.ngram_topk:
-            for gram in self.ngrams.top_k(levels[0][0], self.spec.ngram_topk):
-                trie.add_chain(gram)
+        trie.add_levels(draft.tokens, [[head_source(d + 1, r, p) for r, p in enumerate(row)]
+                                       for d, row in enumerate(draft.probs)])
+        fused = self.spec.draft == "fused"
+        key = self.context.last if fused else (draft.tokens[0][0] if draft.tokens else None)
+        if key is not None and self.spec.ngram_topk:
+            for rank, gram in enumerate(self.ngrams.top_k(key, self.spec.ngram_topk)):
+                chain = gram[1:] if fused else gram  # fused: the gram starts with the root, already decided
+                share = self.ngrams.share(gram)
+                trie.add_chain(chain, sources=[ngram_source(d + 1, rank, share) for d in range(len(chain))])
         return trie
+
+    def _learn(self) -> None:
+        """Teach the controller with every candidate trie whose continuation is now decided."""
+        decided = self.context.host
+        while self._learning:
+            trie, root = self._learning[0]
+            depth = trie.max_depth()
+            if root + depth >= len(decided):
+                return
+            self._learning.popleft()
+            self.controller.acceptance.learn(trie, decided[root + 1: root + 1 + depth])
+
+    def _time_forward(self, n: int) -> float:
+        """Seconds of one forward of n new tokens (causal block) at the current context; the rows are dropped."""
+        device = self.model.device
+        tokens = torch.full((1, n), max(self.context.last, 0), device=device)
+        positions = torch.arange(n, device=device) + self.context.length - 1
+        mask = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        t0 = self.timer.now(sync=True)
+        self.model(tokens, positions, self.cache, mask)
+        seconds = self.timer.now(sync=True) - t0
+        self.cache.rollback()
+        return seconds
 
     def _verify_forward(self, trie: Trie) -> Tensor:
         """One forward of the whole trie over the full cache -> pre-norm hidden (N, H); rows stay pending."""
@@ -170,6 +176,7 @@ class TokenSwiftDecoder:
         self.accepted += len(nodes)
         self.accepted_ngram += sum(not trie.from_tree[n] for n in nodes)
         self.per_step[len(nodes) + 1] += 1
+        self.verified[len(trie)] += 1
 
     def stats(self) -> dict[str, Any]:
         steps = max(self.steps, 1)
@@ -182,4 +189,17 @@ class TokenSwiftDecoder:
                 "tokens_per_step": {str(k): v for k, v in sorted(self.per_step.items())},
                 "draft_s": t.get("draft", 0.0), "verify_s": t.get("verify", 0.0),
                 "bookkeeping_s": t.get("bookkeeping", 0.0),
-                "partial_cache_selections": getattr(getattr(self.drafter, "partial", None), "selections", 0)}
+                "partial_cache_selections": getattr(getattr(self.drafter, "partial", None), "selections", 0),
+                **self._controller_stats()}
+
+    def _controller_stats(self) -> dict[str, Any]:
+        """What the controller did: node counts verified, root-only steps, predicted vs measured step cost."""
+        steps = max(self.steps, 1)
+        return {"draft": self.spec.draft, "candidates": self.spec.candidates,
+                "verified_nodes": {str(k): v for k, v in sorted(self.verified.items())},
+                "root_only_share": self.verified.get(1, 0) / steps,
+                "predicted_step_ms": 1000 * self.predicted_s / steps,
+                "measured_step_ms": 1000 * self.measured_s / steps,
+                "calibrations": self.controller.calibrations,
+                "calibrate_s": self.timer.totals.get("calibrate", 0.0),
+                "hindsight_acceptance": self.controller.acceptance.summary()}

@@ -1,0 +1,226 @@
+"""The speculation controller: per step, verify only the candidates whose expected gain pays for their cost.
+
+A step that verifies a trie of n nodes (root included) at context length T costs F + C(n, T): a fixed overhead F
+(drafting, the walk, bookkeeping; measured online) plus one forward C(n, T) (from timed forwards, `CostModel`).
+It emits 1 + Σ_v P(v) tokens on average, where P(v) is the chance that the walk accepts node v: the product, along
+v's path, of each node's conditional acceptance rate given its parent was accepted. Those rates are learned per
+candidate source (draft head depth, rank and confidence; n-gram depth, rank and share) from *hindsight*: once the
+tokens after a step's root are decided, every candidate of that step — verified or not — is known to have been
+right or wrong. (The decided tokens do not depend on which candidates were verified: greedy choices are fixed,
+and a seeded sampler draws one uniform per emitted token in either mode, so hindsight needs no exploration.)
+
+The best sub-trie for a budget of k nodes is the k nodes of highest P (P never grows along a path, so these are
+closed under ancestors), and the controller keeps the k that maximises (1 + Σ P) / (F + C(k + 1)). k = 0, the root
+alone, is a plain AR step: speculation that does not pay is switched off rather than paid for.
+Decisions change only which nodes are verified, never which tokens are emitted.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+
+from .tree import Trie
+
+CONFIDENCE_EDGES = (0.05, 0.2, 0.4, 0.6, 0.8, 0.95)  # bins of a source's own confidence (probability or share)
+PRIOR_STRENGTH = 2.0  # pseudo-observations behind a source's prior acceptance rate
+DEFAULT_RATE = 0.3  # prior acceptance rate of a source that states no confidence
+RECALIBRATE_GROWTH = 1.5  # re-time forwards when the context has grown by this factor
+OVERHEAD_DECAY = 0.9  # exponential moving average of the measured per-step overhead
+
+
+def _bin(confidence: float) -> int:
+    return bisect.bisect_right(CONFIDENCE_EDGES, confidence)
+
+
+def _bin_middle(b: int) -> float:
+    edges = (0.0, *CONFIDENCE_EDGES, 1.0)
+    return (edges[b] + edges[b + 1]) / 2
+
+
+def head_source(depth: int, rank: int, prob: float) -> tuple[str, int, int, int]:
+    """The label of a draft-head candidate: depth below the root, rank among its level, confidence bin."""
+    return ("head", depth, rank, _bin(prob))
+
+
+def ngram_source(depth: int, rank: int, share: float) -> tuple[str, int, int, int]:
+    """The label of an n-gram chain node: depth below the root, chain rank (3 = 3 or more), share bin."""
+    return ("ngram", depth, min(rank, 3), _bin(share))
+
+
+class AcceptanceStats:
+    """Conditional acceptance rate per candidate source, learned from hindsight, with a prior per source."""
+
+    def __init__(self) -> None:
+        self.offered: Counter[Hashable] = Counter()
+        self.accepted: Counter[Hashable] = Counter()
+
+    def rate(self, source: Hashable) -> float:
+        """Estimated P(node accepted | parent accepted) for a node from `source`."""
+        prior = _prior(source)
+        return (self.accepted[source] + PRIOR_STRENGTH * prior) / (self.offered[source] + PRIOR_STRENGTH)
+
+    def node_rate(self, sources: Sequence[Hashable]) -> float:
+        """A node several sources proposed is as likely as its most reliable source says."""
+        return max((self.rate(s) for s in sources), default=DEFAULT_RATE)
+
+    def learn(self, trie: Trie, continuation: Sequence[int]) -> None:
+        """Record every candidate of `trie` whose parent the decided `continuation` (tokens after the root) reached."""
+        node = 0
+        for token in continuation:
+            children = trie.children[node]
+            if not children:
+                return
+            for tok, child in children.items():
+                hit = tok == token
+                for source in trie.sources[child]:
+                    self.offered[source] += 1
+                    self.accepted[source] += hit
+            if token not in children:
+                return
+            node = children[token]
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Hindsight acceptance per source kind and depth: {"head d1": {"offered", "accepted", "rate"}}."""
+        offered: Counter[str] = Counter()
+        accepted: Counter[str] = Counter()
+        for source, n in self.offered.items():
+            key = f"{source[0]} d{source[1]}" if isinstance(source, tuple) else str(source)
+            offered[key] += n
+            accepted[key] += self.accepted[source]
+        return {k: {"offered": offered[k], "accepted": accepted[k], "rate": round(accepted[k] / offered[k], 4)}
+                for k in sorted(offered)}
+
+
+def _prior(source: Hashable) -> float:
+    if isinstance(source, tuple) and len(source) == 4:
+        return _bin_middle(source[3]) if source[0] == "head" else min(_bin_middle(source[3]), 0.5)
+    return DEFAULT_RATE
+
+
+@dataclass
+class CostModel:
+    """Seconds of one verification forward with n nodes at context length T, from timed forwards.
+
+    Each calibration times forwards of `sizes` nodes at one context length; predictions interpolate linearly in n
+    and, once two calibrations exist, extrapolate linearly in T from the last two (attention cost grows with T).
+    """
+
+    sizes: tuple[int, ...]
+    points: list[tuple[int, list[float]]] = field(default_factory=list)  # (context length, seconds per size)
+
+    def add(self, context: int, seconds: Sequence[float]) -> None:
+        self.points.append((context, list(seconds)))
+        del self.points[:-2]
+
+    def due(self, context: int) -> bool:
+        return not self.points or context >= self.points[-1][0] * RECALIBRATE_GROWTH
+
+    def predict(self, n: int, context: int) -> float:
+        if not self.points:
+            return float(n)  # uncalibrated: every node costs the same
+        (t1, c1) = self.points[-1]
+        now = _interpolate(self.sizes, c1, n)
+        if len(self.points) == 1 or context == t1:
+            return now
+        (t0, c0) = self.points[0]
+        before = _interpolate(self.sizes, c0, n)
+        slope = (now - before) / (t1 - t0) if t1 != t0 else 0.0
+        return max(now + slope * (context - t1), 0.25 * now)
+
+
+def _interpolate(xs: Sequence[int], ys: Sequence[float], x: int) -> float:
+    """Piecewise-linear y(x) through (xs, ys), xs ascending; linear extrapolation beyond the last two points."""
+    i = bisect.bisect_left(xs, x)
+    if i < len(xs) and xs[i] == x:
+        return ys[i]
+    if i == 0:
+        return ys[0]
+    if i == len(xs):
+        i -= 1
+        if i == 0:
+            return ys[0] * x / xs[0]
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def calibration_sizes(max_nodes: int) -> tuple[int, ...]:
+    """Node counts worth timing: 1, 2, 3, 4, 6, 8, 12, 16, 24, ... below `max_nodes`, and `max_nodes` itself."""
+    sizes, x = {1, 2, 3}, 4
+    while x < max_nodes:
+        sizes |= {x, x * 3 // 2}
+        x *= 2
+    return tuple(sorted({s for s in sizes if s < max_nodes} | {max_nodes}))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The sub-trie to verify and what the controller expects of it."""
+
+    trie: Trie
+    expected_tokens: float
+    predicted_s: float
+
+
+class Controller:
+    """Chooses each step's verified sub-trie from a cost model and learned acceptance rates.
+
+    `adaptive=False` verifies every candidate (the paper's behaviour) but still learns, for the statistics.
+    """
+
+    def __init__(self, adaptive: bool, max_nodes: int, time_forward: Callable[[int], float]) -> None:
+        self.adaptive = adaptive
+        self.cost = CostModel(calibration_sizes(max_nodes))
+        self.acceptance = AcceptanceStats()
+        self.time_forward = time_forward  # seconds of one forward of n nodes at the current context
+        self.overhead = 0.0  # per-step seconds outside the verification forward (EMA)
+        self.calibration_s = 0.0
+        self.calibrations = 0
+        self._overhead_seen = False
+
+    def select(self, trie: Trie, context: int) -> Selection:
+        """The sub-trie of `trie` to verify at context length `context`."""
+        p = self._reach(trie)
+        if not self.adaptive:
+            return Selection(trie, sum(p), self.overhead + self.cost.predict(len(trie), context))
+        order = sorted(range(1, len(trie)), key=lambda v: (-p[v], v))
+        best_k, best_rate, expected = 0, 1.0 / self._step_cost(1, context), 1.0
+        total = 1.0
+        for k, v in enumerate(order, start=1):
+            total += p[v]
+            rate = total / self._step_cost(k + 1, context)
+            if rate > best_rate:
+                best_k, best_rate, expected = k, rate, total
+        chosen = trie.subtrie(order[:best_k])
+        return Selection(chosen, expected, self._step_cost(best_k + 1, context))
+
+    def calibrate_if_due(self, context: int) -> float:
+        """Time forwards of each calibration size when the context has grown enough -> seconds spent."""
+        if not self.adaptive or not self.cost.due(context):
+            return 0.0
+        runs = [[self.time_forward(n) for _ in range(2)] for n in self.cost.sizes]  # the faster of two: noise
+        self.cost.add(context, [min(r) for r in runs])
+        self.calibrations += 1
+        spent = sum(map(sum, runs))
+        self.calibration_s += spent
+        return spent
+
+    def measured(self, nodes: int, context: int, step_s: float) -> None:
+        """Feed the wall time of a whole step that verified `nodes` nodes, to track the per-step overhead."""
+        rest = max(step_s - self.cost.predict(nodes, context), 0.0)
+        if not self._overhead_seen:
+            self.overhead, self._overhead_seen = rest, True
+        else:
+            self.overhead = OVERHEAD_DECAY * self.overhead + (1 - OVERHEAD_DECAY) * rest
+
+    def _step_cost(self, nodes: int, context: int) -> float:
+        return self.overhead + self.cost.predict(nodes, context)
+
+    def _reach(self, trie: Trie) -> list[float]:
+        """P(walk accepts node v) for every node (1 for the root); parents precede children in a trie."""
+        p = [1.0] * len(trie)
+        for v in range(1, len(trie)):
+            p[v] = p[trie.parents[v]] * self.acceptance.node_rate(trie.sources[v])
+        return p

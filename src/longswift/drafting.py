@@ -1,0 +1,139 @@
+"""Drafters: where TokenSwift's candidate tokens come from.
+
+Both drafters run the trained draft heads (heads.py) on a pre-norm hidden state and keep the top tokens per depth;
+they differ in which hidden state:
+
+- `PartialDrafter` (the paper's, `draft="partial"`): a second forward per step feeds the newly decided tokens
+  through the model over the *partial* KV cache (partial_cache.py); the base head and the γ heads then give γ+1
+  levels below the root.
+- `FusedDrafter` (`draft="fused"`): no forward of its own. After a verification walk the hidden state of the last
+  accepted node has already been computed over the *full* cache, and the target's choice there (the next root) is
+  known exactly; heads 1..γ, run on that state, propose levels 1..γ below that root. One forward per step instead
+  of two, at the price of every level predicting one token further ahead than in the paper's mode.
+
+Drafts only decide what is verified, never what is emitted (verify.py), so both are lossless by construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from .cache import KVCache
+from .config import SamplingConfig, SpeculationConfig
+from .errors import ConfigError
+from .heads import DraftHeads
+from .model import QueryLog, Transformer
+from .partial_cache import PartialCache
+from .sampling import TokenChooser, apply_penalty
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Candidate tokens per depth below the root (depth 1 first, best first) and the drafter's probability of each."""
+
+    tokens: list[list[int]]
+    probs: list[list[float]]
+
+    @classmethod
+    def empty(cls) -> Draft:
+        return cls([], [])
+
+
+class Drafter(Protocol):
+    """Proposes candidate tokens per depth for the continuation of the decided context."""
+
+    def start(self, full: KVCache, log: QueryLog) -> None: ...
+
+    def observe(self, hidden: Tensor) -> None:
+        """hidden (H,): pre-norm state of the node whose target choice became the next root."""
+
+    def propose(self, context: Tensor, full: KVCache, log: QueryLog) -> Draft: ...
+
+
+class _HeadsTop:
+    """Penalised top-k of the heads' logits, shared by both drafters."""
+
+    def __init__(self, model: Transformer, heads: DraftHeads, sampling: SamplingConfig,
+                 spec: SpeculationConfig) -> None:
+        self.model, self.heads, self.spec = model, heads, spec
+        self.chooser = TokenChooser(SamplingConfig(repetition_penalty=sampling.repetition_penalty,
+                                                   penalty_window=sampling.penalty_window))
+
+    def top(self, logits: Tensor, context: Tensor) -> Draft:
+        """logits (depths, V) fp32 -> the tree's widths of best tokens per depth, with their probabilities."""
+        # The target is penalised, so penalised drafts match it more often (drafts never affect the output).
+        logits = apply_penalty(logits, self.chooser.window(context), self.chooser.cfg.repetition_penalty)
+        widths = self.spec.tree[: logits.shape[0]]
+        probs, ids = logits.softmax(-1).topk(max(widths), dim=-1)
+        p, t = probs.tolist(), ids.tolist()  # one transfer each for all depths
+        return Draft([row[:w] for row, w in zip(t, widths)], [row[:w] for row, w in zip(p, widths)])
+
+
+class PartialDrafter(_HeadsTop):
+    """The model plus trained draft heads, attending to a partial cache (the paper's drafting forward)."""
+
+    def __init__(self, model: Transformer, heads: DraftHeads, sampling: SamplingConfig,
+                 spec: SpeculationConfig) -> None:
+        if len(spec.tree) > heads.meta.gamma + 1:
+            raise ConfigError(f"tree {list(spec.tree)} has depth {len(spec.tree)} but the heads give only "
+                              f"{heads.meta.gamma + 1} distributions (γ={heads.meta.gamma})")
+        super().__init__(model, heads, sampling, spec)
+        self.partial = PartialCache(model.cfg, spec.kv_budget, spec.sink_tokens, max_new=spec.max_depth() + 2,
+                                    device=model.device, dtype=model.dtype)
+        self.covered = 0  # decided tokens already fed to the partial cache (or covered by a selection)
+
+    def start(self, full: KVCache, log: QueryLog) -> None:
+        self.partial.select(full, log)
+        self.covered = full.length
+
+    def observe(self, hidden: Tensor) -> None:
+        pass  # drafts from its own forward
+
+    @torch.inference_mode()
+    def propose(self, context: Tensor, full: KVCache, log: QueryLog) -> Draft:
+        new = context[self.covered:]
+        if not self.partial.room_for(new.shape[0]):
+            self.partial.select(full, log)
+            self.covered = full.length
+            new = context[self.covered:]
+        positions = torch.arange(self.covered, context.shape[0], device=context.device)
+        hidden = self.model(new[None], positions, self.partial)[0, -1]
+        self.covered = context.shape[0]
+        return self.top(self.heads.logits(self.model, hidden)[: len(self.spec.tree)], context)
+
+
+class FusedDrafter(_HeadsTop):
+    """Draft heads on the hidden state the last verification (or the prefill) already computed."""
+
+    def __init__(self, model: Transformer, heads: DraftHeads, sampling: SamplingConfig,
+                 spec: SpeculationConfig) -> None:
+        if len(spec.tree) > heads.meta.gamma:
+            raise ConfigError(f"tree {list(spec.tree)} has depth {len(spec.tree)} but fused drafting gets only "
+                              f"{heads.meta.gamma} levels from γ={heads.meta.gamma} heads (the base head's choice "
+                              "is the root); use a tree of at most that depth or --draft partial")
+        super().__init__(model, heads, sampling, spec)
+        self.hidden: Tensor | None = None
+
+    def start(self, full: KVCache, log: QueryLog) -> None:
+        pass
+
+    def observe(self, hidden: Tensor) -> None:
+        self.hidden = hidden
+
+    @torch.inference_mode()
+    def propose(self, context: Tensor, full: KVCache, log: QueryLog) -> Draft:
+        if self.hidden is None:  # a one-token prompt: nothing was computed before the first root
+            return Draft.empty()
+        logits = self.heads.logits(self.model, self.hidden, base=False)[: len(self.spec.tree)]
+        return self.top(logits, context)
+
+
+def make_drafter(model: Transformer, heads: DraftHeads, sampling: SamplingConfig,
+                 spec: SpeculationConfig) -> Drafter:
+    """The drafter `spec.draft` names."""
+    cls = FusedDrafter if spec.draft == "fused" else PartialDrafter
+    return cls(model, heads, sampling, spec)
