@@ -45,7 +45,7 @@ def _trained_and_released(base: Path, root: Path) -> tuple[Path, Path]:
     train_heads(TrainConfig(model=base, data=(data,), out=heads, steps=12, seq_len=64, batch_size=2, lr=5e-2,
                             warmup=2, checkpoint_every=0))
     released = root / "released"
-    code, out, err = run("export-heads", "--model", str(base), "--heads", str(heads), "--out-dir", str(released))
+    code, _, err = run("export-heads", "--model", str(base), "--heads", str(heads), "--out-dir", str(released))
     assert code == 0, err
     return heads, released
 
@@ -122,7 +122,7 @@ def test_embedded_blocks_draft_exactly_like_the_heads_file_and_output_equals_ar(
 
 
 def test_cli_picks_up_embedded_blocks_and_an_explicit_heads_file_wins_and_says_so(released_llama, tmp_path):
-    base, heads, released = released_llama
+    _, heads, released = released_llama
     stats = tmp_path / "s.json"
     common = ("--prompt", PROMPT, "--max-new-tokens", "24", "--greedy", "--ignore-eos", "--stats-json", str(stats),
               "--device", "cpu")
@@ -239,7 +239,7 @@ def test_malformed_released_checkpoints_are_refused_with_one_line(case, released
         index = json.loads((bad / "model.safetensors.index.json").read_text())
         index["weight_map"].pop("unrelated.weight")
         (bad / "model.safetensors.index.json").write_text(json.dumps(index))
-    code, out, err = run("generate", "--model", str(bad), "--prompt", "x", "--max-new-tokens", "2", "--device", "cpu")
+    code, _, err = run("generate", "--model", str(bad), "--prompt", "x", "--max-new-tokens", "2", "--device", "cpu")
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert message.format(dir=bad) in err
 

@@ -30,7 +30,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="longswift", description="Lossless fast ultra-long text generation (TokenSwift).")
+    parser = _Parser(prog="longswift", description="Lossless fast ultra-long text generation (TokenSwift).",
+                     epilog="Models: local Hugging Face directories of Llama 2/3.x, Qwen2/2.5, Qwen3 (dense) and "
+                            "Mistral; the authors' released TokenSwift checkpoints run as they are (their draft "
+                            "heads are detected: no --heads needed).")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_generate(sub.add_parser("generate", help="generate text from a prompt, streaming it to stdout"))
     _add_demo(sub.add_parser("demo", help="generate with each method side by side and print the speedup"))
