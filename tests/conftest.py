@@ -47,6 +47,11 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
                                        intermediate_size=112, num_hidden_layers=2, tie_word_embeddings=True)),
     "mistral": ("MistralConfig", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=24,
                                       intermediate_size=96, num_hidden_layers=2, sliding_window=None)),
+    # Qwen3: per-head q/k RMSNorm before RoPE; head_dim explicit and != hidden / heads, as in the real models.
+    "qwen3": ("Qwen3Config", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                                  intermediate_size=96, num_hidden_layers=2, tie_word_embeddings=False)),
+    "qwen3_tied": ("Qwen3Config", dict(hidden_size=48, num_attention_heads=3, num_key_value_heads=1, head_dim=32,
+                                       intermediate_size=80, num_hidden_layers=2, tie_word_embeddings=True)),
 }
 
 

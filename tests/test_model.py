@@ -93,3 +93,40 @@ def test_bf16_loads_and_stays_close(tiny_llama):
         got = model16.logits(model16(ids[None], torch.arange(64), cache16)[0])
     assert model16.dtype == torch.bfloat16
     assert (got - ref).abs().max() < 0.1 * ref.abs().max()
+
+
+def test_qwen3_per_head_qk_norms_are_loaded_and_applied_before_rope(checkpoint_factory, tmp_path):
+    """Random q_norm / k_norm weights (not the init's ones), so a swapped, skipped or misplaced norm shows up."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    path = tmp_path / "qwen3_norms"
+    shutil.copytree(checkpoint_factory("qwen3"), path)
+    weights = load_file(path / "model.safetensors")
+    gen = torch.Generator().manual_seed(7)
+    norms = [k for k in weights if k.endswith(("q_norm.weight", "k_norm.weight"))]
+    assert len(norms) == 4 and weights["model.layers.0.self_attn.q_norm.weight"].shape == (24,)
+    for name in norms:
+        weights[name] = 0.5 + torch.rand(weights[name].shape, generator=gen)
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    ids = tokens(120, seed=6)
+    with torch.no_grad():
+        expected = hf_model(path)(ids[None]).logits[0]
+        model, cache = ours(path)
+        got = model.logits(model(ids[None], torch.arange(120), cache)[0])
+    assert model.cfg.qk_norm and model.cfg.head_dim == 24
+    torch.testing.assert_close(got, expected, atol=TOL, rtol=0)
+
+
+def test_qwen3_sliding_window_layers_are_refused():
+    from longswift.config import ModelConfig
+    from longswift.errors import CheckpointError
+
+    raw = dict(architectures=["Qwen3ForCausalLM"], vocab_size=8, hidden_size=8, intermediate_size=8,
+               num_hidden_layers=2, num_attention_heads=2, head_dim=4)
+    assert ModelConfig.from_dict(raw).qk_norm and not ModelConfig.from_dict(raw).qkv_bias
+    with pytest.raises(CheckpointError, match="Qwen3 with use_sliding_window=true is not supported"):
+        ModelConfig.from_dict({**raw, "layer_types": ["full_attention", "sliding_attention"]})
+    with pytest.raises(CheckpointError, match="Qwen3 with use_sliding_window=true"):
+        ModelConfig.from_dict({**raw, "use_sliding_window": True})

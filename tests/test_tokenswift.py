@@ -56,6 +56,8 @@ CASES = [  # (arch, tree, ngram_topk, kv_budget, penalty)
     ("qwen2_bias", (1, 4, 2), 20, 48, 1.3),
     ("mistral", (3,), 5, 100, 1.3),
     ("llama_mha", (1, 1, 1, 1), 20, 32, 1.0),
+    ("qwen3", (1, 3, 2), 20, 40, 1.3),  # q/k norms: the partial cache scores normed, rotated keys
+    ("qwen3_tied", (2, 2, 1), 4, 4096, 1.0),
 ]
 
 

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ from .decoding import ARDecoder, Decoder, drive
 from .errors import CheckpointError, ConfigError, HeadsError, PromptError, ResumeError
 from .heads import DraftHeads
 from .job import JobState
+from .released import load_heads
 from .sampling import TokenChooser
 from .transcript import Piece, Transcript
 
@@ -94,11 +94,12 @@ class Engine:
         self.tokenizer = checkpoint.load_tokenizer()
         self.eos_token_ids = checkpoint.eos_token_ids() or _tokenizer_eos(self.tokenizer)
         self.fingerprint = checkpoint.fingerprint()  # reads the stored LM head: once, not per snapshot
-        self.heads: DraftHeads | None = None
-        self.heads_fingerprint: str | None = None
-        if heads:
-            self.heads = DraftHeads.load(heads, self.fingerprint, device, dtype)
-            self.heads_fingerprint = hashlib.sha256(Path(heads).read_bytes()).hexdigest()[:16]
+        # heads: a heads file, True = the draft blocks embedded in a released-format model directory, or none.
+        loaded = load_heads(checkpoint, heads, self.fingerprint, device, dtype)
+        self.heads: DraftHeads | None = loaded.heads if loaded else None
+        self.heads_fingerprint: str | None = loaded.fingerprint if loaded else None
+        self.heads_source: str | None = loaded.source if loaded else None  # a path, or "embedded"
+        self.heads_note: str | None = loaded.note if loaded else None  # a heads file overrides embedded blocks
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -141,7 +142,7 @@ class Engine:
         decoder.start(prompt_ids + list(transcript.ids))
         resumed = len(resume.generated_ids) if resume is not None else 0
         return GenerationStream(drive(decoder, transcript),
-                                lambda: _result(decoder, transcript, prompt_ids, resumed),
+                                lambda: _result(decoder, transcript, prompt_ids, resumed, self.heads_source),
                                 snapshot)
 
     def generate(self, prompt: str | list[int], max_new_tokens: int = 256, *, streamer: Any = None,
@@ -200,7 +201,8 @@ def load(model: str | Path | None = None, *, heads: str | Path | None | bool = N
     """Load a local Hugging Face checkpoint directory (safetensors) and its draft heads.
 
     model None: the embedded demonstration model. heads None: `heads.safetensors` in the model directory if
-    present (then TokenSwift is the default mode); False: no heads; a path: that file.
+    present, else the draft blocks embedded in a released TokenSwift checkpoint (config.json `medusa_heads`), if
+    any (either way TokenSwift is then the default mode); False: no heads; a path: that file.
     """
     if model is None:
         model = default_model_dir()
@@ -210,10 +212,11 @@ def load(model: str | Path | None = None, *, heads: str | Path | None | bool = N
     if heads is None:
         heads = heads_beside(checkpoint.path)
     dev = resolve_device(device)
-    return Engine(checkpoint, dev, resolve_dtype(dtype, dev), heads or None)
+    return Engine(checkpoint, dev, resolve_dtype(dtype, dev), True if heads is None else heads)
 
 
-def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int], resumed: int = 0) -> GenerationResult:
+def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int], resumed: int = 0,
+            heads: str | None = None) -> GenerationResult:
     """The result of the whole job; timing and speculation statistics cover this run only.
 
     After a resume, `new_tokens` counts the whole job's tokens but only `new_tokens - resumed_tokens` were
@@ -225,6 +228,8 @@ def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int], res
     stats = {"mode": decoder.mode, "new_tokens": n, "resumed_tokens": resumed, "prefill_s": times.get("prefill", 0.0),
              "decode_s": decode_s, "tokens_per_s": (n - resumed) / decode_s if decode_s > 0 else 0.0,
              **decoder.stats()}
+    if decoder.mode == "tokenswift":
+        stats["heads"] = heads  # "embedded" or the heads file: shows which draft heads actually ran
     return GenerationResult(transcript.text, list(transcript.ids), prompt_ids, transcript.finish_reason or "", stats)
 
 

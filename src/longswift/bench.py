@@ -42,7 +42,7 @@ import torch
 
 from .checkpoint import Checkpoint
 from .config import SamplingConfig, SpeculationConfig
-from .errors import ConfigError, PromptError
+from .errors import CheckpointError, ConfigError, PromptError
 from .metrics import (acceptance_rate, distinct_n, first_difference, median, median_rows, milestone_targets,
                       ms_per_token, paired_speedup, times_at)
 from .profile import ProfileConfig, ProfileReport, run_profile, write_profile
@@ -94,7 +94,7 @@ class BenchConfig:
     gen_lengths: tuple[int, ...]  # new tokens per generation, one measurement set per length
     out: Path  # directory for results.json, results.csv and the plots
     model: Path | None = None  # None = the embedded default model
-    heads: Path | None = None  # None = heads.safetensors next to the model, when present
+    heads: Path | None = None  # None = heads.safetensors next to the model, else blocks embedded in the model
     prompt_len: int = 2048  # prompt tokens (texts are concatenated or truncated to exactly this)
     prompts: Path | None = None  # JSONL of {"text": ...}; None = the embedded held-out prompts or a fallback
     sampling: SamplingConfig = DEFAULT_GREEDY  # greedy with penalty 1.2 over 1024 tokens, or SamplingConfig.paper()
@@ -454,9 +454,19 @@ def resolve_model(cfg: BenchConfig) -> tuple[Path, Path | None]:
     heads = cfg.heads
     if heads is None and (model / "heads.safetensors").is_file():
         heads = model / "heads.safetensors"
-    if heads is None and any(m.kind == "tokenswift" for m in cfg.methods):
+    if heads is None and any(m.kind == "tokenswift" for m in cfg.methods) and not _embeds_heads(model):
         raise ConfigError(f"method tokenswift needs draft heads: pass --heads FILE (none found in {model})")
-    return model, heads
+    return model, heads  # heads None with embedded blocks: `load` picks those up
+
+
+def _embeds_heads(model: Path) -> bool:
+    """A released TokenSwift checkpoint: its draft blocks live in the model's own weights."""
+    from .released import embedded_block_count
+
+    try:
+        return embedded_block_count(Checkpoint.open(model)) > 0
+    except CheckpointError:
+        return False  # a missing or broken directory: say that heads are missing, as for any other model
 
 
 def _prepare_out(out: Path) -> None:
@@ -861,7 +871,7 @@ def environment(engine: Any, model_dir: Path, heads: Path | None) -> dict[str, A
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "device": str(dev), "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
             "dtype": str(engine.dtype).removeprefix("torch."), "model": str(model_dir),
-            "heads": str(heads) if heads else None, "model_parameters": sum(p.numel() for p in
+            "heads": str(heads) if heads else engine.heads_source, "model_parameters": sum(p.numel() for p in
                                                                              engine.model.parameters()),
             "max_position_embeddings": engine.model.cfg.max_position_embeddings,
             "memory_measure": ("torch.cuda.max_memory_allocated" if dev.type == "cuda"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ class Checkpoint:
         """Build the model on the meta device, then assign the checkpoint's tensors (no random init, no copy)."""
         with torch.device("meta"):
             model = Transformer(self.config)
-        state = self._read_tensors(device, dtype)
+        state = self.read_tensors(_is_base_weight, device, dtype)
         expected = set(model.state_dict())
         if self.config.tie_word_embeddings:
             expected.discard("lm_head.weight")
@@ -99,7 +100,9 @@ class Checkpoint:
         except Exception as exc:  # transformers raises many types (OSError, ValueError, ...) for a bad directory
             raise CheckpointError(f"cannot load the tokenizer from {self.path}: {_first_line(exc)}") from None
 
-    def _read_tensors(self, device: torch.device | str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    def read_tensors(self, select: Callable[[str], bool], device: torch.device | str = "cpu",
+                     dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """The stored tensors whose names `select` accepts, converted to `dtype` (None: as stored)."""
         from safetensors import SafetensorError, safe_open
 
         state: dict[str, torch.Tensor] = {}
@@ -107,14 +110,35 @@ class Checkpoint:
             try:
                 with safe_open(str(file), framework="pt", device=str(device)) as f:
                     for name in f.keys():
-                        if not name.endswith("rotary_emb.inv_freq"):
-                            state[name] = f.get_tensor(name).to(dtype)
+                        if select(name):
+                            tensor = f.get_tensor(name)
+                            state[name] = tensor if dtype is None else tensor.to(dtype)
             except (SafetensorError, OSError, RuntimeError) as exc:
                 raise CheckpointError(f"corrupt weights file {file.name}: {_first_line(exc)}") from None
         return state
 
+    def tensor_names(self) -> list[str]:
+        """Names of all stored tensors (headers only: no weights are read)."""
+        from safetensors import SafetensorError, safe_open
+
+        names: list[str] = []
+        for file in self.weight_files:
+            try:
+                with safe_open(str(file), framework="pt") as f:
+                    names.extend(f.keys())
+            except (SafetensorError, OSError, RuntimeError) as exc:
+                raise CheckpointError(f"corrupt weights file {file.name}: {_first_line(exc)}") from None
+        return names
+
 
 HEADS_FILE = "heads.safetensors"
+# The authors' released checkpoints (TokenSwift-Llama-3.1-8B, ...) keep their draft blocks beside the base weights
+# under this prefix; they are not part of the base model (see `released.py`).
+EMBEDDED_HEADS_PREFIX = "model.medusa_layers."
+
+
+def _is_base_weight(name: str) -> bool:
+    return not name.endswith("rotary_emb.inv_freq") and not name.startswith(EMBEDDED_HEADS_PREFIX)
 
 
 def default_model_dir() -> Path | None:

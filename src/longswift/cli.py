@@ -30,13 +30,44 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="longswift", description="Lossless fast ultra-long text generation (TokenSwift).")
+    parser = _Parser(prog="longswift", description="Lossless fast ultra-long text generation (TokenSwift).",
+                     epilog="Models: local Hugging Face directories of Llama 2/3.x, Qwen2/2.5, Qwen3 (dense) and "
+                            "Mistral; the authors' released TokenSwift checkpoints run as they are (their draft "
+                            "heads are detected: no --heads needed).")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_generate(sub.add_parser("generate", help="generate text from a prompt, streaming it to stdout"))
     _add_demo(sub.add_parser("demo", help="generate with each method side by side and print the speedup"))
     _add_bench(sub.add_parser("bench", help="benchmark methods side by side; write results, CSV and plots"))
     _add_train_heads(sub.add_parser("train-heads", help="train TokenSwift draft heads on a frozen base model"))
+    _add_export_heads(sub.add_parser("export-heads", help="convert between a released TokenSwift checkpoint's "
+                                                          "embedded draft blocks and a heads file"))
     return parser
+
+
+def _add_export_heads(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=Path, required=True, help="model directory")
+    dest = p.add_mutually_exclusive_group(required=True)
+    dest.add_argument("--out", type=Path, help="write the draft blocks embedded in --model as this heads file")
+    dest.add_argument("--out-dir", type=Path,
+                      help="write --model with --heads embedded, in the authors' released format, to this directory")
+    p.add_argument("--heads", type=Path, help="with --out-dir: the heads file to embed")
+
+
+def cmd_export_heads(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .released import export_heads, write_released
+
+    if args.out_dir is not None:
+        if args.heads is None:
+            raise ConfigError("--out-dir needs --heads FILE (the heads to embed)")
+        out.write(f"wrote {write_released(args.model, args.heads, args.out_dir)}: {args.model} with the draft "
+                  f"blocks of {args.heads} (config.json medusa_heads)\n")
+        return 0
+    if args.heads is not None:
+        raise ConfigError("--heads goes with --out-dir; --out exports the blocks embedded in --model")
+    _check_writable(args.out)
+    meta = export_heads(args.model, args.out)
+    out.write(f"wrote {args.out}: {meta.gamma} draft heads, model fingerprint {meta.fingerprint}\n")
+    return 0
 
 
 def _add_train_heads(p: argparse.ArgumentParser) -> None:
@@ -173,7 +204,8 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
 
 def _add_speculation(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("TokenSwift (defaults: the paper's on GPUs, a smaller tree on CPUs)")
-    g.add_argument("--heads", type=Path, help="draft heads file (default: heads.safetensors in the model directory)")
+    g.add_argument("--heads", type=Path, help="draft heads file (default: heads.safetensors in the model directory, "
+                                              "else the blocks embedded in a released TokenSwift checkpoint)")
     g.add_argument("--tree", default=None,
                    help="candidates per depth: base head, then each draft head (default 1,3,3,3 on GPU, 1 on CPU)")
     g.add_argument("--ngram-topk", type=int, default=None,
@@ -256,6 +288,8 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 0
     plan.check()
     engine = load(ckpt.path, heads=args.heads, device=args.device, dtype=args.dtype)
+    if engine.heads_note and not args.quiet:
+        err.write(f"longswift: note: {engine.heads_note}\n")
     stream = engine.stream(prompt, args.max_new_tokens, sampling=sampling, seed=args.seed,
                            stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos, mode=args.mode,
                            speculation=speculation, resume=resume)
@@ -354,7 +388,8 @@ class _StopOnSignal:
 
 def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, help="local model directory (default: the embedded model)")
-    p.add_argument("--heads", type=Path, help="draft heads file (default: <model>/heads.safetensors when present)")
+    p.add_argument("--heads", type=Path, help="draft heads file (default: <model>/heads.safetensors when present, "
+                                              "else the blocks embedded in a released TokenSwift checkpoint)")
     p.add_argument("--methods", default="ar,hf,hf-lookup,tokenswift",
                    help="comma-separated ar, hf, hf-lookup, tokenswift; options follow a colon, e.g. "
                         "tokenswift:tree=1-3-3,k=8,budget=1024 or hf:cache=dynamic (default: all four)")
@@ -426,7 +461,8 @@ def _bench_progress(err: TextIO) -> Any:
     return progress
 
 
-COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "bench": cmd_bench, "train-heads": cmd_train_heads}
+COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "bench": cmd_bench, "train-heads": cmd_train_heads,
+            "export-heads": cmd_export_heads}
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -1,8 +1,8 @@
 """Frozen configuration objects: the model (read from config.json), sampling, and the generation job.
 
 Configuration is data, validated once when it is built, so the hot loops never re-check it. Architecture
-differences between Llama, Qwen2 and Mistral are fields here (biases, RoPE scaling, sliding window), never
-separate model code.
+differences between Llama, Qwen2, Qwen3 and Mistral are fields here (biases, q/k norms, RoPE scaling, sliding
+window), never separate model code.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from .errors import CheckpointError, ConfigError
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -55,6 +55,7 @@ class ModelConfig:
     mlp_bias: bool = False
     tie_word_embeddings: bool = False
     sliding_window: int | None = None
+    qk_norm: bool = False  # Qwen3: RMSNorm(head_dim) on each query and key head, before RoPE
 
     @property
     def group_size(self) -> int:
@@ -77,9 +78,8 @@ class ModelConfig:
 
 
 def _arch_from_model_type(model_type: str | None) -> str | None:
-    return {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}.get(
-        model_type or ""
-    )
+    return {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM"}.get(model_type or "")
 
 
 def _model_config(arch: str, raw: dict[str, Any]) -> ModelConfig:
@@ -90,9 +90,11 @@ def _model_config(arch: str, raw: dict[str, Any]) -> ModelConfig:
     hidden = int(raw["hidden_size"])
     if raw.get("hidden_act", "silu") not in ("silu", "swish"):
         raise CheckpointError(f"unsupported hidden_act {raw['hidden_act']!r}; only silu is supported")
-    is_qwen = arch == "Qwen2ForCausalLM"
-    if is_qwen and raw.get("use_sliding_window"):
-        raise CheckpointError("Qwen2 with use_sliding_window=true is not supported (per-layer windows)")
+    is_qwen = arch == "Qwen2ForCausalLM"  # Qwen2 has q/k/v biases and no o bias whatever attention_bias says
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and (
+            raw.get("use_sliding_window") or "sliding_attention" in (raw.get("layer_types") or ())):
+        raise CheckpointError(f"{arch.removesuffix('ForCausalLM')} with use_sliding_window=true is not supported "
+                              "(per-layer windows)")
     attention_bias = bool(raw.get("attention_bias", False))
     window = raw.get("sliding_window") if arch == "MistralForCausalLM" else None
     return ModelConfig(
@@ -112,6 +114,7 @@ def _model_config(arch: str, raw: dict[str, Any]) -> ModelConfig:
         mlp_bias=bool(raw.get("mlp_bias", False)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         sliding_window=int(window) if window else None,
+        qk_norm=arch == "Qwen3ForCausalLM",
     )
 
 

@@ -1,4 +1,4 @@
-"""One Llama-family decoder (Llama 2/3.x, Qwen2/2.5, Mistral): MHA or GQA, biases and RoPE scaling by config.
+"""One Llama-family decoder (Llama 2/3.x, Qwen2/2.5, Qwen3, Mistral): MHA or GQA; biases, q/k norms, RoPE by config.
 
 Parameter names are Hugging Face's, so checkpoints load without conversion. The model takes
 (tokens, positions, cache, tree_mask) and returns hidden states; it never knows whether it was handed the full
@@ -95,6 +95,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: Cache, layer: int,
                 mask: Tensor | None, log: QueryLog | None = None) -> Tensor:
@@ -104,6 +107,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, -1, d).transpose(1, 2)
         k = self.k_proj(x).view(b, t, -1, d).transpose(1, 2)
         v = self.v_proj(x).view(b, t, -1, d).transpose(1, 2)
+        if self.cfg.qk_norm:  # Qwen3: per-head RMSNorm over head_dim, before RoPE (so cached keys are normed)
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if log is not None:
             log.keep(layer, q)

@@ -374,7 +374,7 @@ def train_heads(cfg: TrainConfig, progress: Callable[[StepStats], None] | None =
             save_state(cfg.state_path, heads, optimizer, generator, run, meta)
         if progress is not None:
             progress(stats)
-    _save_heads(heads, cfg.out)
+    save_heads(heads, cfg.out)
     cfg.state_path.unlink(missing_ok=True)
     return _report(run, cfg)
 
@@ -407,7 +407,7 @@ def _train_step(model: Transformer, heads: DraftHeads, optimizer: torch.optim.Op
     return stats
 
 
-def _save_heads(heads: DraftHeads, out: Path) -> None:
+def save_heads(heads: DraftHeads, out: Path) -> None:
     """Save through a temporary file so that `out` is either the old heads or the complete new ones."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
