@@ -210,6 +210,13 @@ def _add_speculation(p: argparse.ArgumentParser) -> None:
                    help="candidates per depth: base head, then each draft head (default 1,3,3,3 on GPU, 1 on CPU)")
     g.add_argument("--ngram-topk", type=int, default=None,
                    help="n-gram chains added per step; 0 = off (default 20 on GPU, 1 on CPU)")
+    g.add_argument("--draft", choices=["partial", "fused"], default=None,
+                   help="partial = the paper's drafting forward over a partial KV cache; fused = draft from the "
+                        "verification forward (one forward per step) (default: fused on CPU, partial on GPU)")
+    g.add_argument("--candidates", choices=["all", "adaptive"], default=None,
+                   help="all = verify every candidate; adaptive = only those whose expected gain pays for their "
+                        "measured cost, --tree and --ngram-topk become upper bounds (default: adaptive on CPU, "
+                        "all on GPU)")
     g.add_argument("--kv-budget", type=int, default=4096, help="rows of the partial KV cache for drafting (4096)")
     g.add_argument("--sink-tokens", type=int, default=16, help="leading rows always kept in it (16)")
 
@@ -224,8 +231,9 @@ def _speculation(args: argparse.Namespace, device: str) -> Any:
             changes["tree"] = tuple(int(w) for w in args.tree.split(","))
         except ValueError:
             raise ConfigError(f"--tree must be comma-separated integers like 1,3,3,3, got {args.tree!r}") from None
-    if args.ngram_topk is not None:
-        changes["ngram_topk"] = args.ngram_topk
+    for name in ("ngram_topk", "draft", "candidates"):
+        if getattr(args, name) is not None:
+            changes[name] = getattr(args, name)
     return SpeculationConfig.for_device(resolve_device(device).type, **changes)
 
 

@@ -233,6 +233,7 @@ class SpeculationConfig:
     sink_tokens: int = 16  # leading rows always kept in the partial cache
     draft: str = "partial"  # "partial" (the paper's drafting forward) or "fused" (from the verification forward)
     candidates: str = "all"  # "all" (the paper's) or "adaptive" (cost-aware subset)
+    lookup: int = 0  # length of a prompt-lookup chain (the text after the last earlier occurrence of its tail); 0 = off
 
     def __post_init__(self) -> None:
         _check(len(self.tree) >= 1 and all(w >= 1 for w in self.tree),
@@ -242,6 +243,7 @@ class SpeculationConfig:
         _check(self.ngram_n >= 2, f"n-gram length must be >= 2, got {self.ngram_n}")
         _check(0 <= self.sink_tokens < self.kv_budget,
                f"need 0 <= sink-tokens < kv-budget, got {self.sink_tokens} and {self.kv_budget}")
+        _check(0 <= self.lookup <= 64, f"lookup must be in [0, 64] tokens, got {self.lookup}")
         _check(self.draft in DRAFT_MODES, f"draft must be one of {', '.join(DRAFT_MODES)}, got {self.draft!r}")
         _check(self.candidates in CANDIDATE_MODES,
                f"candidates must be one of {', '.join(CANDIDATE_MODES)}, got {self.candidates!r}")
@@ -269,7 +271,7 @@ class SpeculationConfig:
 
     def max_nodes(self) -> int:
         """Upper bound of the trie size, root included."""
-        return 1 + self.tree_nodes() + self.ngram_topk * self.ngram_n
+        return 1 + self.tree_nodes() + self.ngram_topk * self.ngram_n + self.lookup
 
     def chain_length(self) -> int:
         """Tokens an n-gram chain adds below the root: the whole n-gram when it is keyed on the depth-1 draft
@@ -277,4 +279,4 @@ class SpeculationConfig:
         return self.ngram_n if self.draft == "partial" else self.ngram_n - 1
 
     def max_depth(self) -> int:
-        return max(len(self.tree), self.chain_length() if self.ngram_topk else 0)
+        return max(len(self.tree), self.chain_length() if self.ngram_topk else 0, self.lookup)

@@ -50,6 +50,11 @@ def ngram_source(depth: int, rank: int, share: float) -> tuple[str, int, int, in
     return ("ngram", depth, min(rank, 3), _bin(share))
 
 
+def lookup_source(depth: int) -> tuple[str, int, int, int]:
+    """The label of a prompt-lookup chain node: depth below the root."""
+    return ("lookup", depth, 0, 0)
+
+
 class AcceptanceStats:
     """Conditional acceptance rate per candidate source, learned from hindsight, with a prior per source."""
 
@@ -95,8 +100,12 @@ class AcceptanceStats:
 
 
 def _prior(source: Hashable) -> float:
+    """Before any evidence: a head is as good as its probability says, an n-gram at most even odds."""
     if isinstance(source, tuple) and len(source) == 4:
-        return _bin_middle(source[3]) if source[0] == "head" else min(_bin_middle(source[3]), 0.5)
+        if source[0] == "head":
+            return _bin_middle(source[3])
+        if source[0] == "ngram":
+            return min(_bin_middle(source[3]), 0.5)
     return DEFAULT_RATE
 
 
@@ -153,6 +162,52 @@ def calibration_sizes(max_nodes: int) -> tuple[int, ...]:
         sizes |= {x, x * 3 // 2}
         x *= 2
     return tuple(sorted({s for s in sizes if s < max_nodes} | {max_nodes}))
+
+
+class DraftGate:
+    """Whether running the draft heads this step pays, judged by measured throughput with and without them.
+
+    Drafting costs the heads and an LM-head matmul per step (plus a forward in the paper's mode); where the
+    heads rarely guess right (sampled text, a model they were not trained for) that costs more than it brings.
+    The gate keeps an exponential average of tokens and seconds per step for steps with and without drafting,
+    follows the faster, and tries the other on every `EXPLORE_EVERY`-th step so that a change in the text is
+    noticed. The schedule is deterministic: it must never consume the sampler's random numbers.
+    """
+
+    EXPLORE_EVERY = 8
+    DECAY = 0.95
+
+    def __init__(self, adaptive: bool) -> None:
+        self.adaptive = adaptive
+        self.tokens = {True: 0.0, False: 0.0}
+        self.seconds = {True: 0.0, False: 0.0}
+        self.seen = {True: 0, False: 0}
+        self.steps = 0
+        self.drafted = 0
+
+    def wants_draft(self) -> bool:
+        self.steps += 1
+        draft = self._choice()
+        self.drafted += draft
+        return draft
+
+    def record(self, drafted: bool, tokens: int, seconds: float) -> None:
+        decay = self.DECAY if self.seen[drafted] else 0.0
+        self.tokens[drafted] = decay * self.tokens[drafted] + (1 - decay) * tokens
+        self.seconds[drafted] = decay * self.seconds[drafted] + (1 - decay) * seconds
+        self.seen[drafted] += 1
+
+    def rate(self, drafted: bool) -> float:
+        """Measured tokens per second of steps with (True) or without (False) drafting; 0 before any."""
+        return self.tokens[drafted] / self.seconds[drafted] if self.seconds[drafted] > 0 else 0.0
+
+    def _choice(self) -> bool:
+        if not self.adaptive:
+            return True
+        if self.seen[True] < 2 or self.seen[False] < 2:
+            return self.seen[True] <= self.seen[False]  # measure both before judging
+        best = self.rate(True) >= self.rate(False)
+        return (not best) if self.steps % self.EXPLORE_EVERY == 0 else best
 
 
 @dataclass(frozen=True)

@@ -46,12 +46,13 @@ class Draft:
 class Drafter(Protocol):
     """Proposes candidate tokens per depth for the continuation of the decided context."""
 
-    def start(self, full: KVCache, log: QueryLog) -> None: ...
+    def start(self, full: KVCache, log: QueryLog | None) -> None: ...
 
     def observe(self, hidden: Tensor) -> None:
         """hidden (H,): pre-norm state of the node whose target choice became the next root."""
 
-    def propose(self, context: Tensor, full: KVCache, log: QueryLog) -> Draft: ...
+    def propose(self, context: Tensor, full: KVCache, log: QueryLog | None) -> Draft:
+        """`log`: the queries of the last full-cache forward (None unless the drafter reads them)."""
 
 
 class _HeadsTop:
@@ -86,7 +87,8 @@ class PartialDrafter(_HeadsTop):
                                     device=model.device, dtype=model.dtype)
         self.covered = 0  # decided tokens already fed to the partial cache (or covered by a selection)
 
-    def start(self, full: KVCache, log: QueryLog) -> None:
+    def start(self, full: KVCache, log: QueryLog | None) -> None:
+        assert log is not None, "the partial cache selects rows by the logged queries"
         self.partial.select(full, log)
         self.covered = full.length
 
@@ -94,9 +96,10 @@ class PartialDrafter(_HeadsTop):
         pass  # drafts from its own forward
 
     @torch.inference_mode()
-    def propose(self, context: Tensor, full: KVCache, log: QueryLog) -> Draft:
+    def propose(self, context: Tensor, full: KVCache, log: QueryLog | None) -> Draft:
         new = context[self.covered:]
         if not self.partial.room_for(new.shape[0]):
+            assert log is not None, "the partial cache selects rows by the logged queries"
             self.partial.select(full, log)
             self.covered = full.length
             new = context[self.covered:]
@@ -118,14 +121,14 @@ class FusedDrafter(_HeadsTop):
         super().__init__(model, heads, sampling, spec)
         self.hidden: Tensor | None = None
 
-    def start(self, full: KVCache, log: QueryLog) -> None:
+    def start(self, full: KVCache, log: QueryLog | None) -> None:
         pass
 
     def observe(self, hidden: Tensor) -> None:
         self.hidden = hidden
 
     @torch.inference_mode()
-    def propose(self, context: Tensor, full: KVCache, log: QueryLog) -> Draft:
+    def propose(self, context: Tensor, full: KVCache, log: QueryLog | None) -> Draft:
         if self.hidden is None:  # a one-token prompt: nothing was computed before the first root
             return Draft.empty()
         logits = self.heads.logits(self.model, self.hidden, base=False)[: len(self.spec.tree)]

@@ -52,3 +52,34 @@ class NGramTable:
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._by_first.values())
+
+
+class HistoryLookup:
+    """Prompt-lookup candidates: continue the text the way it went after the last earlier occurrence of its tail.
+
+    Long greedy (and many sampled) texts fall into loops; the paper's n-gram table, keyed on one token, proposes
+    the most *frequent* continuation of that token, while the continuation that follows the most *recent* earlier
+    occurrence of the last k tokens is usually exactly the loop's next stretch. When that earlier occurrence is
+    so recent that the stretch runs into the present, it is continued periodically (the loop repeats).
+    """
+
+    def __init__(self, k: int = 3) -> None:
+        if k < 1:
+            raise ValueError(f"lookup keys need k >= 1 tokens, got {k}")
+        self.k = k
+        self._last: dict[tuple[int, ...], int] = {}  # k-gram -> index of its last token, most recent occurrence
+        self._indexed = 0  # k-grams ending before this index are in `_last`
+
+    def continuation(self, ids: list[int], length: int) -> list[int]:
+        """Up to `length` tokens that followed the last earlier occurrence of ids[-k:] (empty if none)."""
+        n, k = len(ids), self.k
+        for end in range(max(self._indexed, k - 1), n - 1):  # every k-gram that ends before the last token
+            self._last[tuple(ids[end - k + 1: end + 1])] = end
+        self._indexed = max(self._indexed, n - 1)
+        if n < k or length <= 0:
+            return []
+        p = self._last.get(tuple(ids[n - k:]))
+        if p is None:
+            return []
+        period = n - 1 - p  # the text after p repeats from index p + 1 with this period
+        return [ids[p + 1 + i % period] for i in range(length)]

@@ -22,16 +22,16 @@ from torch import Tensor
 
 from .cache import KVCache
 from .config import SpeculationConfig
-from .controller import Controller, head_source, ngram_source
+from .controller import Controller, DraftGate, head_source, lookup_source, ngram_source
 from .decoding import Context, Timer, prefill
 from .drafting import Draft, Drafter
 from .model import QueryLog, Transformer
-from .ngram import NGramTable
+from .ngram import HistoryLookup, NGramTable
 from .sampling import TokenChooser
 from .tree import Trie
 from .verify import walk
 
-CPU_BATCHED_LOGITS = int(__import__("os").environ.get("LS_BATCH", "16"))  # tries up to this size get one LM-head matmul on a CPU
+CPU_BATCHED_LOGITS = 16  # tries up to this size get one LM-head matmul on a CPU
 
 
 class NodeLogits:
@@ -63,9 +63,12 @@ class TokenSwiftDecoder:
         self.cache = KVCache(model.cfg, capacity + spec.max_nodes(), device=model.device, dtype=model.dtype)
         self.context = Context(capacity + spec.max_depth() + 1, model.device)
         self.ngrams = NGramTable(spec.ngram_n)
+        self.lookup = HistoryLookup()
         self.timer = Timer(model.device)
         self.controller = Controller(spec.candidates == "adaptive", spec.max_nodes(), self._time_forward)
-        self.log = QueryLog(row=-1)
+        self.gate = DraftGate(spec.candidates == "adaptive")
+        self.log = QueryLog(row=-1) if spec.draft == "partial" else None  # only the partial cache reads queries
+        self._positions = torch.arange(capacity + spec.max_depth() + 1, device=model.device)
         self._learning: deque[tuple[Trie, int]] = deque()  # candidate tries waiting for their hindsight
         self.steps = 0
         self.accepted = 0
@@ -91,7 +94,8 @@ class TokenSwiftDecoder:
         if self.controller.calibrate_if_due(self.cache.length):  # timed forwards, counted as decoding time
             self.timer.add("calibrate", t)
         t0 = self.timer.now()
-        draft = self.drafter.propose(self.context.ids(), self.cache, self.log)
+        drafted = self.gate.wants_draft()
+        draft = self.drafter.propose(self.context.ids(), self.cache, self.log) if drafted else Draft.empty()
         t1 = self.timer.add("draft", t0)
         candidates = self._candidates(draft)
         choice = self.controller.select(candidates, self.cache.length)
@@ -103,13 +107,15 @@ class TokenSwiftDecoder:
         t3 = self.timer.add("verify", t2)
         self.drafter.observe(hidden[result.nodes[-1] if result.nodes else 0])
         self.cache.commit([0] + result.nodes)
-        self._learning.append((candidates, self.context.length - 1))
+        if len(candidates) > 1:
+            self._learning.append((candidates, self.context.length - 1))
         self.context.extend(result.tokens)
         self.ngrams.add(result.tokens)
         self._learn()
         self._count(trie, result.nodes)
         t4 = self.timer.add("bookkeeping", t3)
         self.controller.measured(len(trie), self.cache.length, t4 - t0)
+        self.gate.record(drafted, len(result.tokens), t4 - t0)
         self.predicted_s += choice.predicted_s
         self.measured_s += t4 - t0
         return result.tokens
@@ -126,6 +132,9 @@ class TokenSwiftDecoder:
                 chain = gram[1:] if fused else gram  # fused: the gram starts with the root, already decided
                 share = self.ngrams.share(gram)
                 trie.add_chain(chain, sources=[ngram_source(d + 1, rank, share) for d in range(len(chain))])
+        if self.spec.lookup:
+            chain = self.lookup.continuation(self.context.host, self.spec.lookup)
+            trie.add_chain(chain, sources=[lookup_source(d + 1) for d in range(len(chain))])
         return trie
 
     def _learn(self) -> None:
@@ -140,13 +149,14 @@ class TokenSwiftDecoder:
             self.controller.acceptance.learn(trie, decided[root + 1: root + 1 + depth])
 
     def _time_forward(self, n: int) -> float:
-        """Seconds of one forward of n new tokens (causal block) at the current context; the rows are dropped."""
+        """Seconds of verifying n nodes (a causal block) at the current context: the forward and the node logits
+        as `NodeLogits` computes them up front (the rows are dropped afterwards)."""
         device = self.model.device
         tokens = torch.full((1, n), max(self.context.last, 0), device=device)
         positions = torch.arange(n, device=device) + self.context.length - 1
         mask = torch.ones(n, n, dtype=torch.bool, device=device).tril()
         t0 = self.timer.now(sync=True)
-        self.model(tokens, positions, self.cache, mask)
+        NodeLogits(self.model, self.model(tokens, positions, self.cache, mask)[0])
         seconds = self.timer.now(sync=True) - t0
         self.cache.rollback()
         return seconds
@@ -154,9 +164,14 @@ class TokenSwiftDecoder:
     def _verify_forward(self, trie: Trie) -> Tensor:
         """One forward of the whole trie over the full cache -> pre-norm hidden (N, H); rows stay pending."""
         device = self.model.device
-        self.log = QueryLog(row=0)  # the root's query scores cached keys at the next partial-cache selection
+        root = self.context.length - 1
+        # Only the paper's drafter reads the root's queries (to select its partial cache at the next reselection).
+        self.log = QueryLog(row=0) if self.spec.draft == "partial" else None
+        if len(trie) == 1:  # the root alone is a plain AR step: same inputs, no mask, no host-to-device copies
+            return self.model(self.context.ids()[root:][None], self._positions[root: root + 1], self.cache,
+                              log=self.log)[0]
         tokens = torch.tensor([trie.tokens], device=device)
-        positions = trie.positions(self.context.length - 1, device)
+        positions = trie.positions(root, device)
         return self.model(tokens, positions, self.cache, trie.mask(device), log=self.log)[0]
 
     def _context(self, trie: Trie, node: int) -> Tensor:
@@ -198,6 +213,7 @@ class TokenSwiftDecoder:
         return {"draft": self.spec.draft, "candidates": self.spec.candidates,
                 "verified_nodes": {str(k): v for k, v in sorted(self.verified.items())},
                 "root_only_share": self.verified.get(1, 0) / steps,
+                "drafted_share": self.gate.drafted / steps,
                 "predicted_step_ms": 1000 * self.predicted_s / steps,
                 "measured_step_ms": 1000 * self.measured_s / steps,
                 "calibrations": self.controller.calibrations,
