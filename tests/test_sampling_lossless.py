@@ -46,8 +46,12 @@ def exact_joint(engine, sampling: SamplingConfig) -> dict[tuple[int, ...], float
     return joint
 
 
-def sample_counts(engine, sampling, mode: str, seed0: int) -> dict[tuple[int, ...], int]:
-    spec = SpeculationConfig(tree=(1, 3, 3, 3), ngram_topk=20)
+PAPER = SpeculationConfig(tree=(1, 3, 3, 3), ngram_topk=20)
+FUSED = SpeculationConfig(tree=(3, 3, 3), ngram_topk=20, lookup=4, draft="fused")
+
+
+def sample_counts(engine, sampling, mode: str, seed0: int,
+                  spec: SpeculationConfig = PAPER) -> dict[tuple[int, ...], int]:
     counts: dict[tuple[int, ...], int] = {}
     for seed in range(seed0, seed0 + SAMPLES):
         out = tuple(engine.generate(PROMPT, M, sampling=sampling, seed=seed, ignore_eos=True, mode=mode,
@@ -83,13 +87,15 @@ SETTINGS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(SETTINGS))
-def test_tokenswift_samples_follow_the_exact_ar_joint(name, engine):
+@pytest.mark.parametrize("name,spec", [("plain", PAPER), ("penalty", PAPER), ("penalty", FUSED)],
+                         ids=["plain-paper", "penalty-paper", "penalty-fused"])
+def test_tokenswift_samples_follow_the_exact_ar_joint(name, spec, engine):
     joint = exact_joint(engine, SETTINGS[name])
-    counts = sample_counts(engine, SETTINGS[name], "tokenswift", seed0=10_000)
+    counts = sample_counts(engine, SETTINGS[name], "tokenswift", seed0=10_000, spec=spec)
     assert gof_pvalue(counts, joint) > 1e-3
     # the speculation did accept drafts, so the walk (not just the bonus token) was exercised
-    stats = engine.generate(PROMPT, 64, sampling=SETTINGS[name], seed=1, ignore_eos=True, mode="tokenswift").stats
+    stats = engine.generate(PROMPT, 64, sampling=SETTINGS[name], seed=1, ignore_eos=True, mode="tokenswift",
+                            speculation=spec).stats
     assert stats["mean_accepted"] > 1.2
 
 

@@ -196,5 +196,6 @@ def test_heads_for_another_model_are_refused(tiny_llama, checkpoint_factory):
 def test_device_defaults_are_the_papers_on_gpu_and_smaller_on_cpu():
     assert SpeculationConfig.for_device("cuda") == SpeculationConfig()
     cpu = SpeculationConfig.for_device("cpu")
-    assert cpu.tree == (1,) and cpu.ngram_topk == 1
+    assert cpu.tree == (1,) and cpu.ngram_topk == 1 and cpu.lookup == 16
+    assert cpu.draft == "fused" and cpu.candidates == "adaptive"
     assert SpeculationConfig.for_device("cpu", ngram_topk=7).ngram_topk == 7

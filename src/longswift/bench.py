@@ -149,7 +149,8 @@ def parse_ints(text: str, what: str) -> tuple[int, ...]:
 
 _TOKENSWIFT_KEYS = {"tree": "tree", "k": "ngram_topk", "ngram_topk": "ngram_topk", "budget": "kv_budget",
                     "kv_budget": "kv_budget", "sink": "sink_tokens", "sink_tokens": "sink_tokens", "n": "ngram_n",
-                    "ngram_n": "ngram_n", "draft": "draft", "cand": "candidates", "candidates": "candidates"}
+                    "ngram_n": "ngram_n", "draft": "draft", "cand": "candidates", "candidates": "candidates",
+                    "lookup": "lookup"}
 _TOKENSWIFT_WORDS = {"draft", "candidates"}  # options whose values are words, not integers
 _HF_KEYS = {"hf": ("cache", "compile"), "hf-lookup": ("cache", "compile", "tokens", "ngram")}
 
@@ -212,7 +213,7 @@ def _speculation(options: dict[str, str], name: str) -> SpeculationConfig:
     for key, raw in options.items():
         if key not in _TOKENSWIFT_KEYS:
             raise ConfigError(f"unknown tokenswift option {key!r} in {name!r}; "
-                              "use tree, k, budget, sink, n, draft, cand")
+                              "use tree, k, budget, sink, n, draft, cand, lookup")
         target = _TOKENSWIFT_KEYS[key]
         if target in values:
             raise ConfigError(f"option {target} given twice in {name!r}")

@@ -203,11 +203,12 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
 
 
 def _add_speculation(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("TokenSwift (defaults: the paper's on GPUs, a smaller tree on CPUs)")
+    g = p.add_argument_group("TokenSwift (defaults: the paper's on GPUs; fused drafting, adaptive candidates on CPUs)")
     g.add_argument("--heads", type=Path, help="draft heads file (default: heads.safetensors in the model directory, "
                                               "else the blocks embedded in a released TokenSwift checkpoint)")
     g.add_argument("--tree", default=None,
-                   help="candidates per depth: base head, then each draft head (default 1,3,3,3 on GPU, 1 on CPU)")
+                   help="candidates per depth below the root; partial drafting: base head, then each draft head; "
+                        "fused: draft heads 1..γ (default 1,3,3,3 on GPU, 1 on CPU)")
     g.add_argument("--ngram-topk", type=int, default=None,
                    help="n-gram chains added per step; 0 = off (default 20 on GPU, 1 on CPU)")
     g.add_argument("--draft", choices=["partial", "fused"], default=None,
@@ -217,6 +218,9 @@ def _add_speculation(p: argparse.ArgumentParser) -> None:
                    help="all = verify every candidate; adaptive = only those whose expected gain pays for their "
                         "measured cost, --tree and --ngram-topk become upper bounds (default: adaptive on CPU, "
                         "all on GPU)")
+    g.add_argument("--lookup", type=int, default=None,
+                   help="prompt-lookup chain: up to N tokens of what followed the last earlier occurrence of the "
+                        "text's last 3 tokens; 0 = off (default 16 on CPU, 0 on GPU)")
     g.add_argument("--kv-budget", type=int, default=4096, help="rows of the partial KV cache for drafting (4096)")
     g.add_argument("--sink-tokens", type=int, default=16, help="leading rows always kept in it (16)")
 
@@ -231,7 +235,7 @@ def _speculation(args: argparse.Namespace, device: str) -> Any:
             changes["tree"] = tuple(int(w) for w in args.tree.split(","))
         except ValueError:
             raise ConfigError(f"--tree must be comma-separated integers like 1,3,3,3, got {args.tree!r}") from None
-    for name in ("ngram_topk", "draft", "candidates"):
+    for name in ("ngram_topk", "lookup", "draft", "candidates"):
         if getattr(args, name) is not None:
             changes[name] = getattr(args, name)
     return SpeculationConfig.for_device(resolve_device(device).type, **changes)

@@ -212,6 +212,8 @@ def _check(ok: bool, message: str) -> None:
 
 
 DRAFT_MODES = ("partial", "fused")
+CPU_DEFAULTS: dict[str, object] = {"tree": (1,), "ngram_topk": 1, "lookup": 16, "draft": "fused",
+                                   "candidates": "adaptive"}
 CANDIDATE_MODES = ("all", "adaptive")
 
 
@@ -250,15 +252,15 @@ class SpeculationConfig:
 
     @classmethod
     def for_device(cls, device_type: str, **changes: object) -> SpeculationConfig:
-        """Defaults for a device: the paper's on GPUs; a small tree and few n-grams on CPUs.
+        """Defaults for a device: the paper's on GPUs; fused drafting with the cost-aware controller on CPUs.
 
         On a GPU verifying ~100 candidate tokens costs about one decoding step, so the paper's tree [1,3,3,3] with
-        20 n-gram chains pays. On a CPU every verified token costs compute (attention is compute-bound there), so
-        the fewest candidates win: on the embedded model (greedy, BENCHMARKS.md) tree [1] with one n-gram chain
-        ran at 1.17x / 1.17x / 0.96x AR at 2K / 8K / 20K new tokens, tree [1,1] with 2 chains at 1.21x / 0.88x /
-        0.81x, the paper's tree at 0.52x / 0.34x.
+        20 n-gram chains and its drafting forward are kept (not yet re-measured there). On a CPU a second forward
+        per step and every verified token cost compute, so one forward per step (fused drafting, head 1 only), a
+        prompt-lookup chain of 16 and one n-gram chain as upper bounds, and the controller keeping only the
+        candidates that pay for themselves, measured fastest on the embedded model (BENCHMARKS.md).
         """
-        base: dict[str, object] = {} if device_type == "cuda" else {"tree": (1,), "ngram_topk": 1}
+        base: dict[str, object] = {} if device_type == "cuda" else CPU_DEFAULTS
         return cls(**{**base, **changes})  # type: ignore[arg-type]
 
     def tree_nodes(self) -> int:

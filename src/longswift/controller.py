@@ -174,7 +174,7 @@ class DraftGate:
     noticed. The schedule is deterministic: it must never consume the sampler's random numbers.
     """
 
-    EXPLORE_EVERY = 8
+    EXPLORE_EVERY = 16
     DECAY = 0.95
 
     def __init__(self, adaptive: bool) -> None:

@@ -98,7 +98,8 @@ class PartialDrafter(_HeadsTop):
     @torch.inference_mode()
     def propose(self, context: Tensor, full: KVCache, log: QueryLog | None) -> Draft:
         new = context[self.covered:]
-        if not self.partial.room_for(new.shape[0]):
+        # Many tokens since the last draft (steps that skipped drafting) need a reselection, as a full cache does.
+        if new.shape[0] > self.partial.max_new or not self.partial.room_for(new.shape[0]):
             assert log is not None, "the partial cache selects rows by the logged queries"
             self.partial.select(full, log)
             self.covered = full.length

@@ -1,0 +1,195 @@
+"""Fused drafting, prompt-lookup candidates and the cost-aware controller: faster steps, never other tokens.
+
+Every path here must keep TokenSwift lossless: greedy output equal to AR's, seeded sampling in lockstep with AR.
+The controller's own behaviour is specified with fake cost models (every node expensive -> the root alone; nodes
+free -> every candidate).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import longswift
+from longswift import SamplingConfig, SpeculationConfig
+from longswift.controller import (AcceptanceStats, Controller, CostModel, DraftGate, head_source,
+                                  ngram_source)
+from longswift.ngram import HistoryLookup, NGramTable
+from longswift.tokenswift import TokenSwiftDecoder
+from longswift.tree import Trie
+
+from .conftest import ARCHS
+from .test_tokenswift import N_LONG, PROMPT, OracleDrafter, ar_ids, engine_for, run_with_drafter
+
+FUSED = SpeculationConfig(tree=(2, 1, 1), ngram_topk=2, lookup=8, draft="fused", candidates="adaptive",
+                          kv_budget=64, sink_tokens=4)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_fused_adaptive_greedy_equals_ar_on_every_architecture(arch, checkpoint_factory):
+    path = checkpoint_factory(arch)
+    sampling = SamplingConfig(repetition_penalty=1.3, penalty_window=64)
+    result = engine_for(path).generate(PROMPT, N_LONG, sampling=sampling, ignore_eos=True, mode="tokenswift",
+                                       speculation=FUSED)
+    expected = ar_ids(path, 1.3, N_LONG)
+    first_diff = next((i for i, (a, b) in enumerate(zip(result.token_ids, expected)) if a != b), None)
+    assert first_diff is None and len(result.token_ids) == N_LONG, f"first difference at token {first_diff}"
+    stats = result.stats
+    assert stats["draft"] == "fused" and stats["candidates"] == "adaptive"
+    assert sum(stats["verified_nodes"].values()) == stats["steps"]
+    assert stats["partial_cache_selections"] == 0  # fused drafting never builds the partial cache
+
+
+@pytest.mark.parametrize("spec", [
+    SpeculationConfig(tree=(3, 2, 2), ngram_topk=5, draft="fused", candidates="all"),
+    SpeculationConfig(tree=(1, 2, 1, 1), ngram_topk=3, lookup=12, draft="partial", candidates="adaptive",
+                      kv_budget=48, sink_tokens=4),
+    SpeculationConfig(tree=(1,), ngram_topk=0, lookup=0, draft="fused", candidates="adaptive"),
+], ids=["fused-all", "partial-adaptive-lookup", "fused-nothing-to-verify"])
+def test_other_combinations_greedy_equal_ar(spec, tiny_llama):
+    sampling = SamplingConfig(repetition_penalty=1.3, penalty_window=64)
+    result = engine_for(tiny_llama).generate(PROMPT, N_LONG, sampling=sampling, ignore_eos=True,
+                                             mode="tokenswift", speculation=spec)
+    assert tuple(result.token_ids) == ar_ids(tiny_llama, 1.3, N_LONG)
+
+
+def test_fused_oracle_accepts_gamma_levels_per_step(tiny_llama):
+    engine = engine_for(tiny_llama)
+    n = 403
+    future = list(ar_ids(tiny_llama, 1.3, n + 10))
+    spec = SpeculationConfig(tree=(1, 2, 2), ngram_topk=0, draft="fused")
+    transcript, stats = run_with_drafter(engine, lambda p: OracleDrafter(len(p), future, spec.tree), n, spec)
+    assert transcript.ids == future[:n]
+    assert stats["tokens_per_step"] == {"4": n // 4 + 1}  # γ = 3 accepted levels + the target's own token
+    assert stats["acceptance_rate"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("spec", [FUSED, SpeculationConfig(tree=(2, 2), ngram_topk=2, lookup=6, draft="partial",
+                                                           candidates="adaptive")], ids=["fused", "partial"])
+def test_seeded_sampling_is_in_lockstep_with_ar(spec, tiny_llama):
+    engine = engine_for(tiny_llama)
+    sampling = SamplingConfig(temperature=1.0, min_p=0.05, repetition_penalty=1.3, penalty_window=16)
+    for seed in range(6):
+        a = engine.generate(PROMPT, 300, sampling=sampling, seed=seed, ignore_eos=True, mode="ar")
+        b = engine.generate(PROMPT, 300, sampling=sampling, seed=seed, ignore_eos=True, mode="tokenswift",
+                            speculation=spec)
+        assert a.token_ids == b.token_ids
+
+
+def fake_costs(monkeypatch, seconds_for_nodes) -> None:
+    """Replace timed forwards by a cost function of the node count; the drafting gate always drafts."""
+    monkeypatch.setattr(TokenSwiftDecoder, "_time_forward", lambda self, n: seconds_for_nodes(n))
+    monkeypatch.setattr(DraftGate, "_choice", lambda self: True)
+
+
+def test_expensive_nodes_make_every_step_a_root_alone_step(monkeypatch, tiny_llama):
+    fake_costs(monkeypatch, lambda n: 10.0 * n)  # each node costs ten seconds: nothing can pay for itself
+    sampling = SamplingConfig(repetition_penalty=1.3, penalty_window=64)
+    result = engine_for(tiny_llama).generate(PROMPT, 300, sampling=sampling, ignore_eos=True, mode="tokenswift",
+                                             speculation=FUSED)
+    assert tuple(result.token_ids) == ar_ids(tiny_llama, 1.3, 300)
+    assert result.stats["verified_nodes"] == {"1": 300} and result.stats["root_only_share"] == 1.0
+    assert result.stats["mean_accepted"] == 1.0
+
+
+def test_free_nodes_verify_every_candidate(monkeypatch, tiny_llama):
+    fake_costs(monkeypatch, lambda n: 1.0)  # a forward costs the same whatever the node count
+    sampling = SamplingConfig(repetition_penalty=1.3, penalty_window=64)
+    engine = engine_for(tiny_llama)
+    runs = {}
+    for candidates in ("adaptive", "all"):
+        spec = SpeculationConfig(tree=(2, 1, 1), ngram_topk=2, lookup=8, draft="fused", candidates=candidates)
+        runs[candidates] = engine.generate(PROMPT, 300, sampling=sampling, ignore_eos=True, mode="tokenswift",
+                                           speculation=spec)
+    assert runs["adaptive"].token_ids == runs["all"].token_ids == list(ar_ids(tiny_llama, 1.3, 300))
+    # Same candidates verified at every step: the same steps, the same node counts.
+    assert runs["adaptive"].stats["verified_nodes"] == runs["all"].stats["verified_nodes"]
+    assert runs["adaptive"].stats["tokens_per_step"] == runs["all"].stats["tokens_per_step"]
+
+
+def chain_trie() -> Trie:
+    """root(5) -> 7 (head d1) -> 8 (head d2); root -> 9 (n-gram d1) -> 10 (n-gram d2)."""
+    trie = Trie.rooted(5)
+    trie.add_levels([[7], [8]], [[head_source(1, 0, 0.9)], [head_source(2, 0, 0.5)]])
+    trie.add_chain([9, 10], sources=[ngram_source(1, 0, 0.3), ngram_source(2, 0, 0.3)])
+    return trie
+
+
+def test_hindsight_counts_only_candidates_whose_parent_was_reached():
+    stats = AcceptanceStats()
+    trie = chain_trie()
+    stats.learn(trie, [7, 3])  # head d1 right, then its child wrong; the n-gram chain failed at depth 1
+    h1, h2, g1, g2 = head_source(1, 0, 0.9), head_source(2, 0, 0.5), ngram_source(1, 0, 0.3), ngram_source(2, 0, 0.3)
+    assert (stats.offered[h1], stats.accepted[h1]) == (1, 1)
+    assert (stats.offered[h2], stats.accepted[h2]) == (1, 0)
+    assert (stats.offered[g1], stats.accepted[g1]) == (1, 0)
+    assert stats.offered[g2] == 0  # its parent was never reached: no evidence either way
+    before = stats.rate(h1)
+    stats.learn(trie, [7, 8])
+    assert stats.rate(h1) > before and stats.rate(h2) > stats.rate(g1)
+    assert stats.summary()["head d1"] == {"offered": 2, "accepted": 2, "rate": 1.0}
+
+
+def test_controller_keeps_the_most_likely_nodes_closed_under_ancestors():
+    controller = Controller(adaptive=True, max_nodes=8, time_forward=lambda n: 0.0)
+    assert controller.cost.sizes == (1, 2, 3, 4, 6, 8)
+    controller.cost.add(2000, [1.0, 1.4, 1.8, 2.2, 3.0, 3.8])  # 0.4 s per extra node
+    trie = chain_trie()
+    for _ in range(50):
+        controller.acceptance.learn(trie, [7, 8])  # the head chain is always right, the n-grams never
+    choice = controller.select(trie, 2000)
+    assert choice.trie.tokens == [5, 7, 8]
+    assert choice.expected_tokens == pytest.approx(1 + 0.99 + 0.99 ** 2, abs=0.05)
+
+
+def test_cost_model_interpolates_in_nodes_and_extrapolates_in_context():
+    cost = CostModel(sizes=(1, 2, 4))
+    assert cost.due(100)
+    cost.add(1000, [1.0, 2.0, 4.0])
+    assert cost.predict(3, 1000) == pytest.approx(3.0)
+    assert cost.predict(8, 1000) == pytest.approx(8.0)  # linear beyond the last size
+    assert not cost.due(1400) and cost.due(1500)
+    cost.add(2000, [2.0, 4.0, 8.0])
+    assert cost.predict(1, 3000) == pytest.approx(3.0)  # linear growth with the context
+    assert cost.predict(2, 1500) == pytest.approx(3.0)
+
+
+def test_draft_gate_follows_the_faster_arm_and_keeps_exploring():
+    gate = DraftGate(adaptive=True)
+    choices = []
+    for _ in range(64):
+        drafted = gate.wants_draft()
+        choices.append(drafted)
+        gate.record(drafted, 3 if drafted else 1, 0.01)  # drafting steps give 3 tokens for the same time
+    assert choices[:4] == [True, False, True, False]  # both measured first
+    assert sum(choices[4:]) >= 55 and not all(choices[4:])  # mostly drafts, still tries the other arm
+    assert DraftGate(adaptive=False).wants_draft()
+
+
+def test_history_lookup_continues_the_last_occurrence_periodically():
+    look = HistoryLookup(k=2)
+    assert look.continuation([1, 2], 4) == []
+    assert look.continuation([1, 2, 3, 1, 2], 5) == [3, 1, 2, 3, 1]
+    assert look.continuation([1, 2, 3, 1, 2, 4, 9, 1, 2], 3) == [4, 9, 1]  # the most recent occurrence wins
+
+
+def test_ngram_share_and_subtrie():
+    table = NGramTable(2)
+    table.add([1, 2, 1, 3, 1, 2])
+    assert table.share((1, 2)) == pytest.approx(2 / 3) and table.share((4, 4)) == 0.0
+    trie = chain_trie()
+    sub = trie.subtrie([3])  # the n-gram node 9 alone
+    assert sub.tokens == [5, 9] and sub.parents == [-1, 0] and sub.sources[1] == trie.sources[3]
+    with pytest.raises(ValueError, match="without its parent"):
+        trie.subtrie([2])
+
+
+def test_bad_speculation_values_are_clear_errors(tiny_llama):
+    with pytest.raises(longswift.ConfigError, match="draft must be one of partial, fused"):
+        SpeculationConfig(draft="both")
+    with pytest.raises(longswift.ConfigError, match="candidates must be one of all, adaptive"):
+        SpeculationConfig(candidates="some")
+    with pytest.raises(longswift.ConfigError, match="lookup must be in"):
+        SpeculationConfig(lookup=-1)
+    with pytest.raises(longswift.ConfigError, match="fused drafting gets only 3 levels"):
+        engine_for(tiny_llama).generate("x", 4, mode="tokenswift",
+                                        speculation=SpeculationConfig(tree=(1, 1, 1, 1), draft="fused"))
