@@ -341,6 +341,12 @@ class MethodSummary:
     peak_mem_mb: float | None
     identical: bool | None
     first_diff: int | None
+    controller: dict[str, float] = field(default_factory=dict)  # medians of CONTROLLER_STATS (tokenswift)
+
+
+# What the speculation controller did, per run (medians in the summary): see TokenSwiftDecoder.stats.
+CONTROLLER_STATS = ("root_only_share", "drafted_share", "mean_verified_nodes", "predicted_step_ms",
+                    "measured_step_ms", "calibrations")
 
 
 @dataclass
@@ -789,7 +795,8 @@ def _record(method: Method, n: int, repeat: int, obs: _Observation, peak_mb: flo
         raise RuntimeError(f"{method.name} generated {len(obs.ids)} tokens, expected {n}")
     targets = milestone_targets(n, curve_points)
     keep = ("steps", "mean_accepted", "acceptance_rate", "ngram_share", "tokens_per_step", "draft_s", "verify_s",
-            "bookkeeping_s", "partial_cache_selections", "decode_s")
+            "bookkeeping_s", "partial_cache_selections", "decode_s", *CONTROLLER_STATS, "verified_nodes",
+            "hindsight_acceptance", "draft", "candidates", "calibrate_s")
     stats = {("engine_decode_s" if k == "decode_s" else k): v for k, v in obs.stats.items() if k in keep}
     if method.speculation is not None and "tokens_per_step" in stats:
         # α over the deepest path a step can accept (n-gram chains can be deeper than the head tree), so α <= 1.
@@ -852,7 +859,8 @@ def _summary(name: str, n: int, runs: list[RunRecord], ar: list[RunRecord] | Non
         mean_accepted, median([r.stats.get("acceptance_rate") for r in runs]),
         median([r.stats.get("ngram_share") for r in runs]),
         median_rows([r.distinct for r in runs]), median([r.peak_mem_mb for r in runs]),
-        all(checks) if checks else None, min(diffs) if diffs else None)
+        all(checks) if checks else None, min(diffs) if diffs else None,
+        {k: v for k in CONTROLLER_STATS if (v := median([r.stats.get(k) for r in runs])) is not None})
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -970,6 +978,13 @@ def format_table(report: BenchReport) -> str:
                      f"{s.tokens_per_s:>8.1f} {_x(s.speedup_vs_ar):>6} {_x(s.speedup_vs_hf):>6} "
                      f"{_f(s.mean_accepted, 2):>8} {_f(s.acceptance_rate, 2):>5} {_f(s.ngram_share, 2):>5} "
                      f"{s.distinct[3]:>6.3f} {_f(s.peak_mem_mb, 0):>8}  {same}")
+    for s in report.summaries:
+        if s.controller:
+            c = s.controller
+            lines.append(f"{s.gen_len:>8,} {s.method[:28]:<28} controller: {c.get('mean_verified_nodes', 0):.1f} nodes "
+                         f"verified per step, root alone {c.get('root_only_share', 0):.0%}, drafted "
+                         f"{c.get('drafted_share', 0):.0%}, step ms predicted {c.get('predicted_step_ms', 0):.1f} / "
+                         f"measured {c.get('measured_step_ms', 0):.1f}")
     env = report.environment
     lines.append(f"device {env['device_name']} ({env['dtype']}), {env['cpu']}; prompts: {report.prompts.source} "
                  f"({report.config.prompt_len} tokens); sampling: {_sampling_label(report.config.sampling)}")

@@ -212,6 +212,7 @@ class TokenSwiftDecoder:
         steps = max(self.steps, 1)
         return {"draft": self.spec.draft, "candidates": self.spec.candidates,
                 "verified_nodes": {str(k): v for k, v in sorted(self.verified.items())},
+                "mean_verified_nodes": sum(k * v for k, v in self.verified.items()) / steps,
                 "root_only_share": self.verified.get(1, 0) / steps,
                 "drafted_share": self.gate.drafted / steps,
                 "predicted_step_ms": 1000 * self.predicted_s / steps,
