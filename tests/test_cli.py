@@ -71,6 +71,10 @@ def test_bad_model_directory(case, tmp_path, tiny_llama):
     (["--prompt", "x", "--bogus"], "unrecognized arguments: --bogus"),
     (["--prompt", "x", "--temperature", "hot"], "invalid float value: 'hot'"),
     (["--prompt", "x", "--dtype", "fp8"], "unknown dtype 'fp8'"),
+    (["--prompt", "x", "--draft", "both"], "invalid choice: 'both'"),
+    (["--prompt", "x", "--candidates", "most"], "invalid choice: 'most'"),
+    (["--prompt", "x", "--lookup", "-3"], "lookup must be in [0, 64] tokens, got -3"),
+    (["--prompt", "x", "--lookup", "many"], "invalid int value: 'many'"),
 ])
 def test_bad_flags(flags, message, tiny_llama):
     code, out, err = run("generate", "--model", str(tiny_llama), *flags)
@@ -199,3 +203,11 @@ def test_nan_logits_stop_the_job_with_one_line_and_keep_the_text(tiny_llama, tmp
                        prompt, *greedy, "--output", str(out))
     assert code == 2 and "NaN or infinite logits" in err and "Traceback" not in err
     assert engine.tokenizer.decode(clean[: i + 1]).startswith(out.read_text(encoding="utf-8"))
+
+
+def test_fused_drafting_refuses_a_tree_deeper_than_the_heads(tiny_llama):
+    from .test_tokenswift import random_heads
+
+    code, _, err = run("generate", "--model", str(tiny_llama), "--heads", random_heads(tiny_llama, 0), "--prompt",
+                       "x", "--draft", "fused", "--tree", "1,1,1,1", "--mode", "tokenswift")
+    assert code == 2 and "fused drafting gets only 3 levels" in err and err.count("\n") == 1
