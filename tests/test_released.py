@@ -20,7 +20,7 @@ from longswift import SamplingConfig, SpeculationConfig
 from longswift.checkpoint import Checkpoint
 from longswift.cli import main
 from longswift.released import BLOCKS_FILE, load_embedded
-from longswift.tokenswift import HeadsDrafter
+from longswift.drafting import Draft, _HeadsTop
 from longswift.train import TrainConfig, train_heads
 
 TEXT = "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of " \
@@ -73,15 +73,16 @@ def test_the_released_directory_has_the_authors_layout(released_llama):
     assert torch.equal(hf.lm_head.weight, load_file(base / "model.safetensors")["lm_head.weight"])
 
 
-def _recording_drafts(monkeypatch) -> list[list[list[int]]]:
-    drafts: list[list[list[int]]] = []
-    original = HeadsDrafter.propose
+def _recording_drafts(monkeypatch) -> list[Draft]:
+    """Every draft either drafter makes (both pick their top tokens through `_HeadsTop.top`)."""
+    drafts: list[Draft] = []
+    original = _HeadsTop.top
 
-    def propose(self, context, full, log):
-        drafts.append(original(self, context, full, log))
+    def top(self, logits, context):
+        drafts.append(original(self, logits, context))
         return drafts[-1]
 
-    monkeypatch.setattr(HeadsDrafter, "propose", propose)
+    monkeypatch.setattr(_HeadsTop, "top", top)
     return drafts
 
 

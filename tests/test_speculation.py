@@ -11,8 +11,7 @@ import pytest
 
 import longswift
 from longswift import SamplingConfig, SpeculationConfig
-from longswift.controller import (AcceptanceStats, Controller, CostModel, DraftGate, head_source,
-                                  ngram_source)
+from longswift.controller import AcceptanceStats, Controller, CostModel, DraftGate, head_source, ngram_source
 from longswift.ngram import HistoryLookup, NGramTable
 from longswift.tokenswift import TokenSwiftDecoder
 from longswift.tree import Trie

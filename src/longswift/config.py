@@ -186,7 +186,7 @@ class SamplingConfig:
         return self.temperature == 0
 
     @classmethod
-    def paper(cls, **changes: float | int) -> SamplingConfig:
+    def paper(cls, **changes: float) -> SamplingConfig:
         """The TokenSwift paper's long-generation settings: temperature 1, min-p 0.1, penalty 1.2 over 1024 tokens."""
         base: dict[str, float | int] = dict(temperature=1.0, min_p=0.1, repetition_penalty=1.2, penalty_window=1024)
         return cls(**{**base, **changes})  # type: ignore[arg-type]
