@@ -174,9 +174,9 @@ def test_prompts_are_exactly_prompt_len(tmp_path, monkeypatch):
     assert "".join(map(chr, prompts.ids[1])) == "defgh\n\nabc\n\n"
     packaged = load_prompts(_Tok(), None, 100, count=2)
     assert packaged.source.endswith("default_model/prompts.jsonl") and not packaged.note
-    import longswift.bench as bench
+    import longswift.bench.prompts as bench_prompts
 
-    monkeypatch.setattr(bench, "PACKAGE_DIR", tmp_path)  # an install without the embedded model's prompts
+    monkeypatch.setattr(bench_prompts, "PACKAGE_DIR", tmp_path)  # an install without the embedded model's prompts
     fallback = load_prompts(_Tok(), None, 3000, count=1)
     assert fallback.source == "builtin" and fallback.note and len(fallback.ids[0]) == 3000
     path.write_text('{"text": "abc"}\n["no"]\n', encoding="utf-8")

@@ -1,6 +1,6 @@
 """Benchmark arithmetic: diversity, acceptance, milestone timing and speedup ratios. Pure functions, no torch.
 
-Everything `bench.py` reports is computed here from raw observations (token ids, (time, tokens) marks, the
+Everything `longswift.bench` reports is computed here from raw observations (token ids, (time, tokens) marks, the
 per-step histogram), so each number has one definition and one test.
 """
 

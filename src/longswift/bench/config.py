@@ -1,0 +1,72 @@
+"""`BenchConfig`, everything that defines a benchmark run, and the helpers that build its fields from CLI text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..config import SamplingConfig
+from ..errors import ConfigError
+from ..profile import ProfileConfig
+from .methods import Method
+
+DEFAULT_GREEDY = SamplingConfig(repetition_penalty=1.2, penalty_window=1024)
+TENTHS = 10
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Everything that defines a benchmark run; `run_bench` needs nothing else."""
+
+    methods: tuple[Method, ...]
+    gen_lengths: tuple[int, ...]  # new tokens per generation, one measurement set per length
+    out: Path  # directory for results.json, results.csv and the plots
+    model: Path | None = None  # None = the embedded default model
+    heads: Path | None = None  # None = heads.safetensors next to the model, else blocks embedded in the model
+    prompt_len: int = 2048  # prompt tokens (texts are concatenated or truncated to exactly this)
+    prompts: Path | None = None  # JSONL of {"text": ...}; None = the embedded held-out prompts or a fallback
+    sampling: SamplingConfig = DEFAULT_GREEDY  # greedy with penalty 1.2 over 1024 tokens, or SamplingConfig.paper()
+    repeats: int = 1  # timed runs per method and length (median reported); repeat r uses prompt r
+    device: str = "auto"
+    dtype: str = "auto"
+    seed: int = 0  # sampling seed, the same for every method and repeat
+    warmup_tokens: int = 32  # tokens of the untimed warm-up generation per method
+    curve_points: int = 100  # points of the stored cumulative-time curve
+    profile: ProfileConfig | None = None  # also run the cost profile (on the loaded model) when set
+
+    def __post_init__(self) -> None:
+        _check(len(self.methods) >= 1, "no methods to benchmark")
+        _check(len({m.name for m in self.methods}) == len(self.methods),
+               f"duplicate methods in {[m.name for m in self.methods]}")
+        _check(len(self.gen_lengths) >= 1 and all(n >= 1 for n in self.gen_lengths),
+               f"generation lengths must be >= 1, got {list(self.gen_lengths)}")
+        _check(self.prompt_len >= 1, f"prompt length must be >= 1, got {self.prompt_len}")
+        _check(self.repeats >= 1, f"repeats must be >= 1, got {self.repeats}")
+        _check(self.warmup_tokens >= 1, f"warm-up tokens must be >= 1, got {self.warmup_tokens}")
+        _check(self.curve_points >= TENTHS and self.curve_points % TENTHS == 0,
+               f"curve points must be a positive multiple of {TENTHS}, got {self.curve_points}")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def bench_sampling(sample: bool, repetition_penalty: float | None = None,
+                   penalty_window: int | None = None) -> SamplingConfig:
+    """The benchmark's sampling: greedy (penalty 1.2, window 1024) or the paper's sampling, with overrides."""
+    base = SamplingConfig.paper() if sample else DEFAULT_GREEDY
+    changes = {k: v for k, v in (("repetition_penalty", repetition_penalty), ("penalty_window", penalty_window))
+               if v is not None}
+    return replace(base, **changes)
+
+
+def parse_ints(text: str, what: str) -> tuple[int, ...]:
+    """"2048,8192" -> (2048, 8192); `what` names the flag in the error ("--gen-lengths")."""
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise ConfigError(f"{what} must list integers >= 1, got {text!r}")
+    return values

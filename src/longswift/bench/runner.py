@@ -1,0 +1,187 @@
+"""`run_bench`: load the model once, warm every method up, time every (length, repeat, method) interleaved, and
+write the results; `_Runner` runs one method once and owns the clock."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint import Checkpoint
+from ..config import SpeculationConfig
+from ..errors import CheckpointError, ConfigError, PromptError
+from ..profile import run_profile
+from .config import BenchConfig
+from .hf import _load_hf, _quiet_transformers, _StreamMarks, hf_cache_kwargs, hf_processing
+from .methods import HF_KINDS, Method
+from .output import environment, write_results
+from .peak_memory import PeakMemory
+from .progress import Progress, _Tracker
+from .prompts import PACKAGE_DIR, load_prompts
+from .results import BenchReport, RunRecord, _check_identity, _Observation, _record, summarize
+
+
+def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport:
+    """Load the model once, warm every method up, time every (length, repeat, method), write results under cfg.out."""
+    from ..api import load
+
+    track = _Tracker(cfg, progress)
+    _prepare_out(cfg.out)
+    model_dir, heads = resolve_model(cfg)
+    track.phase("load")
+    _check_fits(Checkpoint.open(model_dir).config.max_position_embeddings, cfg)
+    engine = load(model_dir, heads=heads, device=cfg.device, dtype=cfg.dtype)
+    cfg = with_device_defaults(cfg, engine.device.type)
+    prompts = load_prompts(engine.tokenizer, cfg.prompts, cfg.prompt_len, min(cfg.repeats, 64))
+    runner = _Runner(engine, cfg, _load_hf(engine) if any(m.kind in HF_KINDS for m in cfg.methods) else None)
+    report = BenchReport(cfg, environment(engine, model_dir, heads), prompts, started_at=_now())
+    (cfg.out / "runs.jsonl").write_text("", encoding="utf-8")
+    for method in cfg.methods:
+        track.phase("warmup", method.name)
+        runner.warm_up(method, prompts.ids[0], cfg.warmup_tokens)
+    for n in cfg.gen_lengths:
+        runner.warm_up_length(prompts.ids[0], n)
+        for r in range(cfg.repeats):
+            group = [runner.timed(m, prompts.ids[r % len(prompts.ids)], n, r, track) for m in cfg.methods]
+            _check_identity(cfg, group)
+            report.runs.extend(rec for rec, _ in group)
+            _append_runs(cfg.out / "runs.jsonl", [rec for rec, _ in group])
+    report.summaries = summarize(cfg, report.runs)
+    if cfg.profile is not None:
+        track.phase("profile")
+        report.profile = run_profile(engine.model, cfg.profile, lambda done, cells: track.phase("profile", tokens=done))
+    report.finished_at = _now()
+    report.files = write_results(report, cfg.out)
+    track.phase("done")
+    return report
+
+
+def with_device_defaults(cfg: BenchConfig, device_type: str) -> BenchConfig:
+    """Plain `tokenswift` runs the engine's defaults for the device; write them into the config, so that
+    results.json says which tree and n-gram settings ran even after the defaults change."""
+    methods = tuple(replace(m, speculation=SpeculationConfig.for_device(device_type))
+                    if m.kind == "tokenswift" and m.speculation is None else m for m in cfg.methods)
+    return replace(cfg, methods=methods)
+
+
+def _append_runs(path: Path, records: list[RunRecord]) -> None:
+    """Each finished repeat is saved at once, so hours of measurements survive an interrupted run."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.writelines(json.dumps(asdict(r)) + "\n" for r in records)
+
+
+def resolve_model(cfg: BenchConfig) -> tuple[Path, Path | None]:
+    """The model directory (default: the embedded model) and the heads file (default: <model>/heads.safetensors)."""
+    model = cfg.model or PACKAGE_DIR / "default_model"
+    if cfg.model is None and not (model / "config.json").is_file():
+        raise ConfigError("--model is required (no embedded default model is installed)")
+    heads = cfg.heads
+    if heads is None and (model / "heads.safetensors").is_file():
+        heads = model / "heads.safetensors"
+    if heads is None and any(m.kind == "tokenswift" for m in cfg.methods) and not _embeds_heads(model):
+        raise ConfigError(f"method tokenswift needs draft heads: pass --heads FILE (none found in {model})")
+    return model, heads  # heads None with embedded blocks: `load` picks those up
+
+
+def _embeds_heads(model: Path) -> bool:
+    """A released TokenSwift checkpoint: its draft blocks live in the model's own weights."""
+    from ..released import embedded_block_count
+
+    try:
+        return embedded_block_count(Checkpoint.open(model)) > 0
+    except CheckpointError:
+        return False  # a missing or broken directory: say that heads are missing, as for any other model
+
+
+def _prepare_out(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create output directory {out}: {exc.strerror}") from None
+    if not os.access(out, os.W_OK):
+        raise ConfigError(f"cannot write to output directory {out}")
+
+
+def _check_fits(limit: int, cfg: BenchConfig) -> None:
+    need = cfg.prompt_len + max(cfg.gen_lengths)
+    if need > limit:
+        raise PromptError(f"prompt ({cfg.prompt_len:,} tokens) + the longest generation ({max(cfg.gen_lengths):,}) "
+                          f"needs {need:,} positions but the model supports {limit:,}")
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class _Runner:
+    """Runs one method once; owns the engine, the optional transformers model and the clock."""
+
+    def __init__(self, engine: Any, cfg: BenchConfig, hf_model: Any | None) -> None:
+        self.engine, self.cfg, self.hf_model = engine, cfg, hf_model
+        self.device = engine.device
+
+    def now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def warm_up(self, method: Method, prompt: list[int], n: int) -> None:
+        self._generate(method, prompt, n, lambda tokens: None)
+
+    def warm_up_length(self, prompt: list[int], n: int) -> None:
+        """A static cache is sized per length and torch.compile (transformers on GPU) specialises on its size."""
+        for method in self.cfg.methods:
+            if method.kind in HF_KINDS and method.hf_cache == "static":
+                self._hf(method, prompt, min(self.cfg.warmup_tokens, n), lambda tokens: None, cache_len=n)
+
+    def timed(self, method: Method, prompt: list[int], n: int, repeat: int,
+              track: _Tracker) -> tuple[RunRecord, list[int]]:
+        with PeakMemory(self.device) as memory:
+            obs = self._generate(method, prompt, n, lambda tokens: track.tokens(method, n, repeat, tokens))
+        track.finished(method, n, repeat)
+        return _record(method, n, repeat, obs, memory.peak_mb, self.cfg.curve_points), obs.ids
+
+    def _generate(self, method: Method, prompt: list[int], n: int, tick: Callable[[int], None]) -> _Observation:
+        if method.kind in HF_KINDS:
+            return self._hf(method, prompt, n, tick, cache_len=n)
+        return self._engine(method, prompt, n, tick)
+
+    def _engine(self, method: Method, prompt: list[int], n: int, tick: Callable[[int], None]) -> _Observation:
+        # stream() runs the prefill before returning; decoding starts with the first next().
+        stream = self.engine.stream(prompt, n, sampling=self.cfg.sampling, seed=self.cfg.seed, ignore_eos=True,
+                                    mode=method.kind, speculation=method.speculation)
+        marks, count = [], 0
+        t0 = self.now()
+        for piece in stream:
+            if piece.token_ids:  # the final flush may carry held-back text only
+                count += len(piece.token_ids)
+                marks.append((self.now() - t0, count))
+                tick(count)
+        result = stream.result
+        assert result is not None
+        return _Observation(result.token_ids, result.stats["prefill_s"], marks, dict(result.stats))
+
+    def _hf(self, method: Method, prompt: list[int], n: int, tick: Callable[[int], None],
+            cache_len: int) -> _Observation:
+        streamer = _StreamMarks(self.now, tick)
+        kwargs, processors = hf_processing(self.cfg.sampling)
+        kwargs.update(hf_cache_kwargs(method, len(prompt) + cache_len))
+        if method.kind == "hf-lookup":
+            kwargs.update(prompt_lookup_num_tokens=method.lookup_tokens, max_matching_ngram_size=method.lookup_ngram)
+        if not method.hf_compile:
+            kwargs.update(disable_compile=True)
+        ids = torch.tensor([prompt], device=self.device)
+        if not self.cfg.sampling.greedy:
+            torch.manual_seed(self.cfg.seed)  # transformers samples from the global generator
+        with torch.inference_mode(), _quiet_transformers():
+            out = self.hf_model.generate(ids, max_new_tokens=n, eos_token_id=None, pad_token_id=0,
+                                         logits_processor=processors, streamer=streamer, **kwargs)
+        new = out[0, len(prompt):].tolist()
+        return _Observation(new, streamer.prefill_s, streamer.marks, {"mode": method.kind})
