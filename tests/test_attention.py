@@ -181,3 +181,22 @@ def test_dispatch_keeps_the_fast_and_reference_paths(tiny_llama):
     chunk = vis(512)
     assert chunk.shared == 8192 and chunk.bias.shape == (group * 512, 512)  # no (G*512, context) bias
     assert 4 * 8192 >= CASCADE_MIN_WORK and vis(4).shared == 8192
+
+
+def test_bf16_cascade_stays_as_close_to_fp32_as_the_dense_path(tiny_llama):
+    """The kernel returns an fp32 log-sum-exp for bf16 inputs; the merge runs in fp32 and casts back."""
+    model = load(tiny_llama)
+    model16 = Checkpoint.open(tiny_llama).load_model("cpu", torch.bfloat16)
+    gen = torch.Generator().manual_seed(13)
+    mask, depths = random_tree(9, gen)
+    ids = torch.randint(1, 384, (9,), generator=gen)
+    with torch.no_grad():
+        cache = KVCache(model.cfg, 256)
+        prefill(model, cache, tokens(100, seed=10))
+        ref = forward_both(model, cache, ids, depths + 100, mask)[1]
+        cache16 = KVCache(model16.cfg, 256, dtype=torch.bfloat16)
+        prefill(model16, cache16, tokens(100, seed=10))
+        got, dense16 = forward_both(model16, cache16, ids, depths + 100, mask)
+    assert got.dtype == torch.bfloat16
+    err, dense_err = (got.float() - ref).abs().max(), (dense16.float() - ref).abs().max()
+    assert err <= 2 * dense_err + 1e-3
