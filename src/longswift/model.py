@@ -8,6 +8,7 @@ output *before* the final norm, because TokenSwift's draft heads read exactly th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -60,8 +61,29 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-    """q (B, Hq, T, D), k/v (B, Hkv, Tk, D), bias (G*T, Tk) additive (0 / -inf) or None=all -> (B, Hq, T, D).
+# On CPU a forward attends through the cascade only where that measured faster than the dense bias. One layer of
+# the embedded model (8 query / 2 KV heads, head_dim 32, fp32, one thread) broke even near new tokens x cached
+# rows = 32K (4K rows x 9 nodes 0.98x, 4K x 5 1.03x, 8K x 2 1.04x, 16K x 2 0.98x, 1K x 41 0.98x) and gained
+# 10-15% from 16K rows with 9-17 nodes; below that two kernel calls and the merge (~0.03 ms) cost more than
+# reading the bias saves. Every 512-token prefill chunk after the first is far above it.
+CASCADE_MIN_WORK = 32768
+
+
+@dataclass(frozen=True)
+class Visibility:
+    """Which keys one forward's queries see, in the form `attend` consumes (built once per forward).
+
+    The first `shared` key rows are visible to every query and are attended without any mask; `bias` covers the
+    remaining rows: additive 0/-inf (G*T, Tk - shared), tiled for `attend`'s folded GQA layout, or None when
+    they are all visible. shared=0 with a (G*T, Tk) bias is the dense path (and the cascade's reference).
+    """
+
+    bias: Tensor | None = None
+    shared: int = 0
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, vis: Visibility) -> Tensor:
+    """q (B, Hq, T, D), k/v (B, Hkv, Tk, D), `vis` over those Tk rows -> (B, Hq, T, D).
 
     GQA without copying keys: the G query heads sharing a KV head are consecutive, so they are folded into the
     query-time axis and every KV head is attended once (one matmul per KV head, no repeat_kv). The bias is
@@ -70,8 +92,36 @@ def attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
     b, hq, t, d = q.shape
     hkv = k.shape[1]
     q = q.reshape(b, hkv, (hq // hkv) * t, d)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    if vis.shared:
+        out = cascade_attention(q, k, v, vis.shared, vis.bias)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=vis.bias)
     return out.reshape(b, hq, t, d)
+
+
+def cascade_attention(q: Tensor, k: Tensor, v: Tensor, shared: int, bias: Tensor | None) -> Tensor:
+    """q (B, H, L, D), k/v (B, H, Tk, D): rows [0, shared) seen by all, bias (L, Tk - shared) or None -> (B, H, L, D).
+
+    Shared-prefix ("cascade") attention: a softmax over two disjoint key sets is the two partial softmaxes
+    reweighted by their log-sum-exps, so the long shared prefix goes through the fused kernel with no mask (no
+    L x Tk bias is built or read) and only the small block of new keys carries one. Exact up to rounding (~2e-7
+    in fp32). Uses the CPU flash kernel because it returns the log-sum-exp. Every row of `bias` must see at
+    least one key (tree and causal masks include the diagonal), else that row's block result is undefined.
+    """
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out_prefix, lse_prefix = flash(q, k[:, :, :shared], v[:, :, :shared])
+    out_block, lse_block = flash(q, k[:, :, shared:], v[:, :, shared:], attn_mask=bias)
+    return merge_attention(out_prefix, lse_prefix, out_block, lse_block)
+
+
+def merge_attention(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tensor:
+    """out (B, H, L, D) and lse (B, H, L) fp32 over two disjoint key sets -> attention over their union (B, H, L, D).
+
+    (out_a e^lse_a + out_b e^lse_b) / (e^lse_a + e^lse_b) = lerp(out_b, out_a, sigmoid(lse_a - lse_b)): one
+    weight per row and no raw log-sum-exp is ever exponentiated, so nothing overflows. Merged in fp32.
+    """
+    weight = torch.sigmoid(lse_a - lse_b)[..., None]
+    return torch.lerp(out_b.float(), out_a.float(), weight).to(out_a.dtype)
 
 
 def attention_bias(mask: Tensor | None, group: int, dtype: torch.dtype) -> Tensor | None:
@@ -100,7 +150,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: Cache, layer: int,
-                mask: Tensor | None, log: QueryLog | None = None) -> Tensor:
+                vis: Visibility, log: QueryLog | None = None) -> Tensor:
         """x (B, T, hidden) -> (B, T, hidden); this forward's keys/values go into `cache`."""
         b, t, _ = x.shape
         d = self.cfg.head_dim
@@ -113,7 +163,7 @@ class Attention(nn.Module):
         if log is not None:
             log.keep(layer, q)
         k_all, v_all = cache.write(layer, k, v)
-        out = attend(q, k_all, v_all, mask)
+        out = attend(q, k_all, v_all, vis)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -137,8 +187,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: Cache, layer: int,
-                mask: Tensor | None, log: QueryLog | None = None) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, mask, log)
+                vis: Visibility, log: QueryLog | None = None) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, vis, log)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -163,6 +213,9 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.inv_freq, self.rope_scaling = inverse_frequencies(cfg.rope, cfg.head_dim)
+        # new tokens x cached rows from which a forward takes the cascade; None never takes it (the dense
+        # reference), 0 takes it whenever there are cached rows and no window cuts them (tests)
+        self.cascade_min_work: int | None = CASCADE_MIN_WORK
 
     def setup_rope(self, device: torch.device | str) -> None:
         """Recompute RoPE frequencies on `device` (needed after building the module on the meta device)."""
@@ -182,14 +235,14 @@ class Transformer(nn.Module):
         """tokens (B, T), positions (T,) -> hidden (B, T, hidden) before the final norm.
 
         Cached rows are all visible (subject to a sliding window); among the T new tokens attention is causal,
-        or follows `tree_mask` (T, T) bool True=attend when the new tokens form a candidate tree. `log`, if
-        given, receives each layer's query at `log.row`.
+        or follows `tree_mask` (T, T) bool True=attend when the new tokens form a candidate tree (every node
+        must see itself). `log`, if given, receives each layer's query at `log.row`.
         """
         x = self.model.embed_tokens(tokens)
         rope = rope_tables(self.inv_freq, self.rope_scaling, positions, x.dtype)
-        mask = attention_bias(self._mask(positions, cache, tree_mask), self.cfg.group_size, x.dtype)
+        vis = self.visibility(positions, cache, tree_mask, x.dtype)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, rope, cache, i, mask, log)
+            x = layer(x, rope, cache, i, vis, log)
         cache.advance(tokens.shape[1])
         return x
 
@@ -197,16 +250,36 @@ class Transformer(nn.Module):
         """hidden (..., hidden) pre-norm -> logits (..., vocab) in fp32."""
         return self.lm_head(self.model.norm(hidden)).float()
 
-    def _mask(self, positions: Tensor, cache: Cache, tree_mask: Tensor | None) -> Tensor | None:
-        """(T, past+T) bool, or None when every cached row and the single new token see everything."""
+    def visibility(self, positions: Tensor, cache: Cache, tree_mask: Tensor | None, dtype: torch.dtype) -> Visibility:
+        """positions (T,) of the new tokens, `cache.end` rows before them -> how every layer attends this forward.
+
+        Three paths: one token and no window cut sees everything (no mask: plain decoding's hot path); the
+        cascade (cached rows unmasked, only the (T, T) block masked) where `_cascade_pays`; else the dense
+        (T, past+T) bias.
+        """
         t, past, window = positions.shape[0], cache.end, self.cfg.sliding_window
         windowed = window is not None and cache.rows_are_positions and past + t > window
         if t == 1 and not windowed:
-            return None  # the fast path of plain decoding: no mask at all
+            return Visibility()
         device = positions.device
-        new = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool, device=device).tril()
-        mask = torch.cat([torch.ones(t, past, dtype=torch.bool, device=device), new], dim=1)
+        block = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        group = self.cfg.group_size
+        # A window that cuts into the cached rows hides different rows from different queries, so no prefix is
+        # shared by all of them: that case keeps the dense path.
+        if not windowed and self._cascade_pays(t, past, device):
+            return Visibility(attention_bias(block, group, dtype), shared=past)
+        mask = torch.cat([torch.ones(t, past, dtype=torch.bool, device=device), block], dim=1)
         if windowed:
             key_pos = torch.cat([torch.arange(past, device=device), positions])
             mask &= (positions[:, None] - key_pos[None, :]) < window
-        return mask
+        return Visibility(attention_bias(mask, group, dtype))
+
+    def _cascade_pays(self, t: int, past: int, device: torch.device) -> bool:
+        """Whether T new tokens over `past` cached rows attend faster through the cascade (see CASCADE_MIN_WORK).
+
+        CPU only: that is where the log-sum-exp kernel is wired and measured. With no cached rows (training,
+        scoring, a first prefill chunk) there is nothing to share.
+        """
+        if self.cascade_min_work is None or past == 0 or device.type != "cpu":
+            return False
+        return t * past >= self.cascade_min_work
