@@ -116,13 +116,20 @@ def test_parse_methods_plain_and_with_options():
     assert (lookup.lookup_tokens, lookup.lookup_ngram, lookup.hf_cache) == (5, 3, "dynamic")
     sink = parse_methods("tokenswift:sink=4,budget=64,n=3,k=0")[0].speculation
     assert (sink.sink_tokens, sink.kv_budget, sink.ngram_n, sink.ngram_topk) == (4, 64, 3, 0)
+    fused = parse_methods("tokenswift:tree=1,k=1,draft=fused,cand=adaptive,lookup=16,attn=dense")[0]
+    assert fused.speculation == SpeculationConfig(tree=(1,), ngram_topk=1, draft="fused", candidates="adaptive",
+                                                  lookup=16)
+    assert fused.attention == "dense"
+    dense_default = parse_methods("tokenswift:attn=dense")[0]
+    assert dense_default.speculation is None and dense_default.attention == "dense"
 
 
 @pytest.mark.parametrize("spec", [
     "", "beam", "k=8", "ar,k=8", "ar:k=8", "ar,ar", "tokenswift,tokenswift",
     "tokenswift:tree=1-x", "tokenswift:tree=", "tokenswift:tree=0-3", "tokenswift:k=-1", "tokenswift:foo=1",
     "tokenswift:budget=8,sink=16", "tokenswift:tree=1-3,tree=2", "tokenswift:k", "hf:cache=paged", "hf:compile=yes",
-    "hf:tokens=3", "hf-lookup:tokens=0",
+    "hf:tokens=3", "hf-lookup:tokens=0", "tokenswift:draft=both", "tokenswift:cand=few", "tokenswift:lookup=x",
+    "tokenswift:attn=flash",
 ])
 def test_parse_methods_rejects_bad_specs(spec):
     with pytest.raises(ConfigError):
@@ -251,3 +258,16 @@ def test_profile_smoke(tiny_llama, tmp_path):
     assert names == {"profile.json", "profile.csv", "profile.png"}
     with pytest.raises(ConfigError):
         ProfileConfig(query_counts=())
+
+
+def test_attn_dense_forces_the_dense_path_for_its_run_only():
+    from types import SimpleNamespace
+
+    from longswift.bench.runner import _attention_path
+
+    model = SimpleNamespace(cascade_min_work=32768)
+    with _attention_path(model, "dense"):
+        assert model.cascade_min_work is None  # the model's switch for the dense-bias reference path
+    assert model.cascade_min_work == 32768
+    with _attention_path(model, "auto"):
+        assert model.cascade_min_work == 32768

@@ -28,6 +28,7 @@ class Method:
     hf_compile: bool = True  # hf kinds: let transformers torch.compile a static-cache decoder on GPU (its default)
     lookup_tokens: int = 10  # hf-lookup: prompt_lookup_num_tokens
     lookup_ngram: int = 2  # hf-lookup: max_matching_ngram_size
+    attention: str = "auto"  # tokenswift: "dense" forces the dense-bias attention path (the pre-cascade reference)
 
 
 _TOKENSWIFT_KEYS = {"tree": "tree", "k": "ngram_topk", "ngram_topk": "ngram_topk", "budget": "kv_budget",
@@ -75,7 +76,10 @@ def _method(group: list[str]) -> Method:
             raise ConfigError(f"method ar takes no options, got {sorted(options)}")
         return Method(name, kind)
     if kind == "tokenswift":  # plain `tokenswift`: the engine's defaults for its device (SpeculationConfig.for_device)
-        return Method(name, kind, speculation=_speculation(options, name) if options else None)
+        attention = options.pop("attn", "auto")
+        if attention not in ("auto", "dense"):
+            raise ConfigError(f"option attn={attention!r} in {name!r}: use auto or dense")
+        return Method(name, kind, speculation=_speculation(options, name) if options else None, attention=attention)
     return _hf_method(name, kind, options)
 
 
@@ -96,7 +100,7 @@ def _speculation(options: dict[str, str], name: str) -> SpeculationConfig:
     for key, raw in options.items():
         if key not in _TOKENSWIFT_KEYS:
             raise ConfigError(f"unknown tokenswift option {key!r} in {name!r}; "
-                              "use tree, k, budget, sink, n, draft, cand, lookup")
+                              "use tree, k, budget, sink, n, draft, cand, lookup, attn")
         target = _TOKENSWIFT_KEYS[key]
         if target in values:
             raise ConfigError(f"option {target} given twice in {name!r}")

@@ -3,11 +3,12 @@ write the results; `_Runner` runs one method once and owns the clock."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,10 @@ class _Runner:
         return self._engine(method, prompt, n, tick)
 
     def _engine(self, method: Method, prompt: list[int], n: int, tick: Callable[[int], None]) -> _Observation:
+        with _attention_path(self.engine.model, method.attention):
+            return self._engine_run(method, prompt, n, tick)
+
+    def _engine_run(self, method: Method, prompt: list[int], n: int, tick: Callable[[int], None]) -> _Observation:
         # stream() runs the prefill before returning; decoding starts with the first next().
         stream = self.engine.stream(prompt, n, sampling=self.cfg.sampling, seed=self.cfg.seed, ignore_eos=True,
                                     mode=method.kind, speculation=method.speculation)
@@ -185,3 +190,15 @@ class _Runner:
                                          logits_processor=processors, streamer=streamer, **kwargs)
         new = out[0, len(prompt):].tolist()
         return _Observation(new, streamer.prefill_s, streamer.marks, {"mode": method.kind})
+
+
+@contextlib.contextmanager
+def _attention_path(model: Any, attention: str) -> Iterator[None]:
+    """Run with the dense-bias attention path forced ("dense"), or with the model's own choice ("auto")."""
+    saved = model.cascade_min_work
+    if attention == "dense":
+        model.cascade_min_work = None
+    try:
+        yield
+    finally:
+        model.cascade_min_work = saved
