@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import math
 import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -37,6 +38,8 @@ class GenerationResult:
     prompt_ids: list[int]
     finish_reason: str
     stats: dict[str, Any] = field(default_factory=dict)
+    # With record_margins: each token's decision margin (identity.py); NaN for tokens decoded before a resume.
+    margins: list[float] | None = None
 
 
 class GenerationStream:
@@ -113,12 +116,14 @@ class Engine:
     def stream(self, prompt: str | list[int], max_new_tokens: int = 256, *, sampling: SamplingConfig | None = None,
                seed: int | None = None, stop_strings: tuple[str, ...] = (), ignore_eos: bool = False,
                mode: str = "auto", speculation: SpeculationConfig | None = None,
-               resume: JobState | None = None) -> GenerationStream:
+               resume: JobState | None = None, record_margins: bool = False) -> GenerationStream:
         """Start a generation; iterate the returned stream for text pieces, then read `.result`.
 
         mode: "tokenswift", "ar", or "auto" (TokenSwift when heads are loaded). Both modes emit tokens with the
         same distribution (greedy: the same tokens); only the speed differs. `resume`: a snapshot of an earlier
         run with the same model, heads, prompt and settings, continued so the output is identical.
+        `record_margins`: keep every token's decision margin (`GenerationResult.margins`), to tell a rounding
+        near-tie from a mismatch when comparing runs (identity.py).
         """
         sampling = sampling or SamplingConfig()
         spec = speculation or SpeculationConfig.for_device(self.device.type)
@@ -127,6 +132,8 @@ class Engine:
         self._check_fits(len(prompt_ids), max_new_tokens)
         mode = self._resolve_mode(mode)
         decoder = self._decoder(mode, sampling, seed, len(prompt_ids) + max_new_tokens, spec)
+        if record_margins:
+            decoder.chooser.margins = []
         transcript = Transcript(self.tokenizer, stop)
         config = _plain({"sampling": asdict(sampling), "stop": asdict(stop),
                          "speculation": asdict(spec) if mode == "tokenswift" else None})
@@ -230,7 +237,11 @@ def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int], res
              **decoder.stats()}
     if decoder.mode == "tokenswift":
         stats["heads"] = heads  # "embedded" or the heads file: shows which draft heads actually ran
-    return GenerationResult(transcript.text, list(transcript.ids), prompt_ids, transcript.finish_reason or "", stats)
+    margins = decoder.chooser.margins
+    if margins is not None:
+        margins = ([math.nan] * resumed + margins)[:n]
+    return GenerationResult(transcript.text, list(transcript.ids), prompt_ids, transcript.finish_reason or "", stats,
+                            margins)
 
 
 def _restore(saved: JobState, fresh: JobState, decoder: Decoder, transcript: Transcript) -> None:

@@ -160,7 +160,10 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         out.write(f"{run.name:>10}: {len(run.token_ids)} tokens, {run.decode_s:7.2f} s decode, "
                   f"{run.tokens_per_s:8.1f} tok/s, speedup over ar {report.speedup(run.name):.2f}x\n")
     out.write(f"outputs identical across methods: {report.identical()}\n")
-    return 0 if report.identical() else 1
+    for name, comparison in report.comparisons().items():
+        if not comparison.identical:  # a near-tie is explained, never hidden
+            out.write(f"{name} vs {report.runs[0].name}: {comparison.describe()}\n")
+    return 0 if report.explained() else 1
 
 
 def _add_generate(p: argparse.ArgumentParser) -> None:

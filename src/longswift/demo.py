@@ -14,6 +14,7 @@ import torch
 
 from .api import Engine
 from .config import SamplingConfig, SpeculationConfig
+from .identity import NEAR_TIE_FP32, Comparison, compare, near_tie_bound
 
 
 @dataclass
@@ -21,6 +22,7 @@ class MethodRun:
     name: str
     token_ids: list[int]
     decode_s: float
+    margins: list[float] | None = None  # longswift's methods: each token's decision margin (identity.py)
 
     @property
     def tokens_per_s(self) -> float:
@@ -34,8 +36,19 @@ class DemoReport:
     text: str
     runs: list[MethodRun] = field(default_factory=list)
 
+    bound: float = NEAR_TIE_FP32
+
     def identical(self) -> bool:
         return all(r.token_ids == self.runs[0].token_ids for r in self.runs)
+
+    def comparisons(self) -> dict[str, Comparison]:
+        """Each later method against the first (the reference), classified by the reference's margins."""
+        ref = self.runs[0]
+        return {r.name: compare(ref.token_ids, r.token_ids, ref.margins, self.bound) for r in self.runs[1:]}
+
+    def explained(self) -> bool:
+        """True when every difference (if any) is a numerical near-tie, not a mismatch."""
+        return all(c.kind != "mismatch" for c in self.comparisons().values())
 
     def speedup(self, name: str, over: str = "ar") -> float:
         by_name = {r.name: r for r in self.runs}
@@ -51,7 +64,7 @@ def run_demo(engine: Engine, prompt: str, max_new_tokens: int, methods: tuple[st
     the whole context, which is the only form `transformers` implements.
     """
     sampling = SamplingConfig(repetition_penalty=1.2, penalty_window=0 if "hf" in methods else 1024)
-    report = DemoReport(engine.checkpoint.path, prompt, "")
+    report = DemoReport(engine.checkpoint.path, prompt, "", bound=near_tie_bound(engine.dtype))
     for name in methods:
         _run(engine, name, prompt, 8, sampling, speculation)  # warm-up: first-call allocations, kernel choice
         run, text = _run(engine, name, prompt, max_new_tokens, sampling, speculation)
@@ -64,8 +77,9 @@ def _run(engine: Engine, name: str, prompt: str, n: int, sampling: SamplingConfi
          speculation: SpeculationConfig | None) -> tuple[MethodRun, str]:
     if name == "hf":
         return _run_transformers(engine, prompt, n, sampling)
-    result = engine.generate(prompt, n, sampling=sampling, ignore_eos=True, mode=name, speculation=speculation)
-    return MethodRun(name, result.token_ids, result.stats["decode_s"]), result.text
+    result = engine.generate(prompt, n, sampling=sampling, ignore_eos=True, mode=name, speculation=speculation,
+                             record_margins=True)
+    return MethodRun(name, result.token_ids, result.stats["decode_s"], result.margins), result.text
 
 
 def _run_transformers(engine: Engine, prompt: str, n: int, sampling: SamplingConfig) -> tuple[MethodRun, str]:

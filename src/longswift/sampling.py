@@ -76,6 +76,7 @@ class TokenChooser:
             raise ValueError("sampling needs an explicit torch.Generator")
         self.cfg = cfg
         self.generator = generator
+        self.margins: list[float] | None = None  # a list: every choice appends its decision margin (identity.py)
 
     def window(self, context: Tensor) -> Tensor:
         """The penalty window of the next token: the last W ids of `context` (all of it when W == 0)."""
@@ -95,6 +96,8 @@ class TokenChooser:
         """
         if self.cfg.greedy:
             scores = apply_penalty(logits, self.window(context), self.cfg.repetition_penalty)
+            if self.margins is not None:
+                return self._argmax_with_margin(scores, context)
             best, index = scores.max(-1)
             # One transfer for both numbers (one GPU sync per token, as before); V < 2**24 is exact in fp32.
             value, token = torch.stack((best, index.to(best.dtype))).tolist()
@@ -103,16 +106,31 @@ class TokenChooser:
             return int(token)
         return self.draw(self.distribution(logits, context), context)
 
+    def _argmax_with_margin(self, scores: Tensor, context: Tensor) -> int:
+        """The argmax, recording best - second best (topk breaks ties like max: the lowest index wins)."""
+        values, indices = scores.topk(2)
+        best, second, token = torch.cat((values, indices[:1].to(values.dtype))).tolist()
+        if not math.isfinite(best):
+            raise _non_finite(context)
+        assert self.margins is not None
+        self.margins.append(best - second)
+        return int(token)
+
     def draw(self, probs: Tensor, context: Tensor | None = None) -> int:
         """One token from `probs` (V,), consuming exactly one uniform from the generator."""
         u = torch.rand((), generator=self.generator, device=self.generator.device).to(probs.device)
         cdf = probs.double().cumsum(-1)
         # right=True returns the first index whose cumulative mass exceeds u * total: never a zero-mass token,
         # and u < 1 keeps it inside the vocabulary.
-        token = torch.searchsorted(cdf, u * cdf[-1], right=True)
+        x = u * cdf[-1]
+        token = torch.searchsorted(cdf, x, right=True)
         total, index = torch.stack((cdf[-1], token.to(cdf.dtype))).tolist()
         if not (math.isfinite(total) and total > 0 and index < probs.shape[-1]):
             raise _non_finite(context)
+        if self.margins is not None:  # how far the draw fell from the edges of the chosen token's interval
+            i = int(index)
+            low, high, at = (float(cdf[i - 1]) if i > 0 else 0.0), float(cdf[i]), float(x)
+            self.margins.append(min(at - low, high - at) / total)
         return int(index)
 
 

@@ -52,7 +52,7 @@ def cpu_model() -> str:
 
 CSV_COLUMNS = ("method", "gen_len", "prefill_s", "decode_s", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf",
                "mean_accepted", "acceptance_rate", "ngram_share", "distinct_1", "distinct_2", "distinct_3",
-               "distinct_4", "peak_mem_mb", "identical", "first_diff") + tuple(f"ms_per_token_{i}0pct"
+               "distinct_4", "peak_mem_mb", "identical", "first_diff", "mismatch", "margin_at_diff") + tuple(f"ms_per_token_{i}0pct"
                                                                                 for i in range(1, TENTHS + 1))
 
 
@@ -124,7 +124,7 @@ def format_table(report: BenchReport) -> str:
     lines = [head, "-" * len(head)]
     reference = reference_method(report.config).name
     for s in report.summaries:
-        same = {True: "yes", False: f"NO (token {s.first_diff})", None: "n/a"}[s.identical]
+        same = {True: "yes", False: _difference(s), None: "n/a"}[s.identical]
         same = "(reference)" if s.method == reference else same
         lines.append(f"{s.gen_len:>8,} {s.method[:28]:<28} {s.prefill_s:>9.3f} {s.decode_s:>9.3f} "
                      f"{s.tokens_per_s:>8.1f} {_x(s.speedup_vs_ar):>6} {_x(s.speedup_vs_hf):>6} "
@@ -173,3 +173,11 @@ def summary_json(report: BenchReport) -> str:
 
 def _round(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
+
+
+def _difference(s: MethodSummary) -> str:
+    """Where a method's tokens first differ from the reference's, and whether rounding explains it."""
+    margin = "margin not recorded" if s.margin_at_diff is None else f"margin {s.margin_at_diff:.1e}"
+    if s.mismatch == "near-tie":
+        return f"NO: numerical near-tie at token {s.first_diff} ({margin})"
+    return f"NO: MISMATCH at token {s.first_diff} ({margin})"

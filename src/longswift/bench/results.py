@@ -7,8 +7,17 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..metrics import (acceptance_rate, distinct_n, first_difference, median, median_rows, milestone_targets,
-                       ms_per_token, paired_speedup, times_at)
+from ..identity import NEAR_TIE_FP32, compare
+from ..metrics import (
+    acceptance_rate,
+    distinct_n,
+    median,
+    median_rows,
+    milestone_targets,
+    ms_per_token,
+    paired_speedup,
+    times_at,
+)
 from ..profile import ProfileReport
 from .config import TENTHS, BenchConfig
 from .methods import ENGINE_KINDS, Method
@@ -31,6 +40,8 @@ class RunRecord:
     stats: dict[str, Any] = field(default_factory=dict)  # the engine's own stats (speculation counters)
     identical: bool | None = None  # equal to the reference method's tokens (None: not comparable)
     first_diff: int | None = None
+    mismatch: str | None = None  # when not identical: "near-tie" or "mismatch" (identity.py)
+    margin_at_diff: float | None = None  # the reference's decision margin at first_diff
 
 
 @dataclass
@@ -54,6 +65,8 @@ class MethodSummary:
     identical: bool | None
     first_diff: int | None
     controller: dict[str, float] = field(default_factory=dict)  # medians of CONTROLLER_STATS (tokenswift)
+    mismatch: str | None = None  # the earliest difference over the repeats: "near-tie" or "mismatch"
+    margin_at_diff: float | None = None
 
 
 # What the speculation controller did, per run (medians in the summary): see TokenSwiftDecoder.stats.
@@ -111,6 +124,7 @@ class _Observation:
     prefill_s: float
     marks: list[tuple[float, int]]  # (seconds since the first streamed token was awaited, tokens so far)
     stats: dict[str, Any]
+    margins: list[float] | None = None  # longswift's methods: each token's decision margin
 
 
 def _record(method: Method, n: int, repeat: int, obs: _Observation, peak_mb: float | None,
@@ -130,20 +144,26 @@ def _record(method: Method, n: int, repeat: int, obs: _Observation, peak_mb: flo
                      len(obs.marks), [distinct_n(obs.ids, k) for k in range(1, 5)], peak_mb, stats)
 
 
-def _check_identity(cfg: BenchConfig, group: list[tuple[RunRecord, list[int]]]) -> None:
+def _check_identity(cfg: BenchConfig, group: list[tuple[RunRecord, list[int]]],
+                    margins: dict[str, list[float] | None] | None = None, bound: float = NEAR_TIE_FP32) -> None:
     """Compare every run of one (length, repeat) with the `ar` run (or the first method's when `ar` is absent).
 
     Greedy: every method must match. Sampling: longswift's methods consume the seeded generator in lockstep, so
-    they match too; transformers draws differently, so its runs are not comparable (None).
+    they match too; transformers draws differently, so its runs are not comparable (None). A difference is
+    classified by the reference's decision margin there (`margins` by method name): a rounding near-tie or a
+    mismatch (identity.py).
     """
     by_name = {rec.method: (rec, ids) for rec, ids in group}
     reference = reference_method(cfg)
     ref_ids = by_name[reference.name][1]
+    ref_margins = (margins or {}).get(reference.name)
     for method in cfg.methods:
         rec, ids = by_name[method.name]
         if method is not reference and (cfg.sampling.greedy or method.kind in ENGINE_KINDS):
-            rec.first_diff = first_difference(ids, ref_ids)
-            rec.identical = rec.first_diff is None
+            result = compare(ref_ids, ids, ref_margins, bound)
+            rec.first_diff, rec.identical = result.first_diff, result.identical
+            if not result.identical:
+                rec.mismatch, rec.margin_at_diff = result.kind, result.margin
 
 
 def reference_method(cfg: BenchConfig) -> Method:
@@ -173,6 +193,7 @@ def _summary(name: str, n: int, runs: list[RunRecord], ar: list[RunRecord] | Non
     targets = milestone_targets(n, curve_points)
     tenths_t, tenths_n = curve[step - 1::step], targets[step - 1::step]
     diffs = [r.first_diff for r in runs if r.first_diff is not None]
+    earliest = min((r for r in runs if r.first_diff is not None), key=lambda r: r.first_diff or 0, default=None)
     checks = [r.identical for r in runs if r.identical is not None]
     mean_accepted = median([r.stats.get("mean_accepted", n / r.steps if r.steps else None) for r in runs])
     return MethodSummary(
@@ -184,4 +205,5 @@ def _summary(name: str, n: int, runs: list[RunRecord], ar: list[RunRecord] | Non
         median([r.stats.get("ngram_share") for r in runs]),
         median_rows([r.distinct for r in runs]), median([r.peak_mem_mb for r in runs]),
         all(checks) if checks else None, min(diffs) if diffs else None,
-        {k: v for k in CONTROLLER_STATS if (v := median([r.stats.get(k) for r in runs])) is not None})
+        {k: v for k in CONTROLLER_STATS if (v := median([r.stats.get(k) for r in runs])) is not None},
+        earliest.mismatch if earliest else None, earliest.margin_at_diff if earliest else None)

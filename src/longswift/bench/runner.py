@@ -18,6 +18,7 @@ import torch
 from ..checkpoint import Checkpoint
 from ..config import SpeculationConfig
 from ..errors import CheckpointError, ConfigError, PromptError
+from ..identity import near_tie_bound
 from ..profile import run_profile
 from .config import BenchConfig
 from .hf import _load_hf, _quiet_transformers, _StreamMarks, hf_cache_kwargs, hf_processing
@@ -51,7 +52,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport
         runner.warm_up_length(prompts.ids[0], n)
         for r in range(cfg.repeats):
             group = [runner.timed(m, prompts.ids[r % len(prompts.ids)], n, r, track) for m in cfg.methods]
-            _check_identity(cfg, group)
+            _check_identity(cfg, group, runner.margins, near_tie_bound(engine.dtype))
             report.runs.extend(rec for rec, _ in group)
             _append_runs(cfg.out / "runs.jsonl", [rec for rec, _ in group])
     report.summaries = summarize(cfg, report.runs)
@@ -127,6 +128,7 @@ class _Runner:
     def __init__(self, engine: Any, cfg: BenchConfig, hf_model: Any | None) -> None:
         self.engine, self.cfg, self.hf_model = engine, cfg, hf_model
         self.device = engine.device
+        self.margins: dict[str, list[float] | None] = {}  # the last run's decision margins, by method name
 
     def now(self) -> float:
         if self.device.type == "cuda":
@@ -147,6 +149,7 @@ class _Runner:
         with PeakMemory(self.device) as memory:
             obs = self._generate(method, prompt, n, lambda tokens: track.tokens(method, n, repeat, tokens))
         track.finished(method, n, repeat)
+        self.margins[method.name] = obs.margins
         return _record(method, n, repeat, obs, memory.peak_mb, self.cfg.curve_points), obs.ids
 
     def _generate(self, method: Method, prompt: list[int], n: int, tick: Callable[[int], None]) -> _Observation:
@@ -161,7 +164,7 @@ class _Runner:
     def _engine_run(self, method: Method, prompt: list[int], n: int, tick: Callable[[int], None]) -> _Observation:
         # stream() runs the prefill before returning; decoding starts with the first next().
         stream = self.engine.stream(prompt, n, sampling=self.cfg.sampling, seed=self.cfg.seed, ignore_eos=True,
-                                    mode=method.kind, speculation=method.speculation)
+                                    mode=method.kind, speculation=method.speculation, record_margins=True)
         marks, count = [], 0
         t0 = self.now()
         for piece in stream:
@@ -171,7 +174,7 @@ class _Runner:
                 tick(count)
         result = stream.result
         assert result is not None
-        return _Observation(result.token_ids, result.stats["prefill_s"], marks, dict(result.stats))
+        return _Observation(result.token_ids, result.stats["prefill_s"], marks, dict(result.stats), result.margins)
 
     def _hf(self, method: Method, prompt: list[int], n: int, tick: Callable[[int], None],
             cache_len: int) -> _Observation:
