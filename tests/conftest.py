@@ -108,3 +108,21 @@ def checkpoint_factory(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: 
 @pytest.fixture(scope="session")
 def tiny_llama(checkpoint_factory: Callable[..., Path]) -> Path:
     return checkpoint_factory("llama_gqa_llama3")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true",
+                     help="also run the tests marked slow (long identity runs, minutes each)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: minutes-long; skipped unless --run-slow is given")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --run-slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
