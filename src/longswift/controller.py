@@ -18,6 +18,7 @@ Decisions change only which nodes are verified, never which tokens are emitted.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -238,8 +239,8 @@ class Controller:
     def select(self, trie: Trie, context: int) -> Selection:
         """The sub-trie of `trie` to verify at context length `context`."""
         p = self._reach(trie)
-        if not self.adaptive:
-            return Selection(trie, sum(p), self.overhead + self.cost.predict(len(trie), context))
+        if not self.adaptive:  # no cost model is kept: nothing to predict
+            return Selection(trie, sum(p), math.nan)
         order = sorted(range(1, len(trie)), key=lambda v: (-p[v], v))
         best_k, best_rate, expected = 0, 1.0 / self._step_cost(1, context), 1.0
         total = 1.0

@@ -215,7 +215,7 @@ class TokenSwiftDecoder:
                 "mean_verified_nodes": sum(k * v for k, v in self.verified.items()) / steps,
                 "root_only_share": self.verified.get(1, 0) / steps,
                 "drafted_share": self.gate.drafted / steps,
-                "predicted_step_ms": 1000 * self.predicted_s / steps,
+                "predicted_step_ms": 1000 * self.predicted_s / steps if self.controller.adaptive else None,
                 "measured_step_ms": 1000 * self.measured_s / steps,
                 "calibrations": self.controller.calibrations,
                 "calibrate_s": self.timer.totals.get("calibrate", 0.0),

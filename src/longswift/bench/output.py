@@ -135,8 +135,9 @@ def format_table(report: BenchReport) -> str:
             c = s.controller
             lines.append(f"{s.gen_len:>8,} {s.method[:28]:<28} controller: {c.get('mean_verified_nodes', 0):.1f} nodes "
                          f"verified per step, root alone {c.get('root_only_share', 0):.0%}, drafted "
-                         f"{c.get('drafted_share', 0):.0%}, step ms predicted {c.get('predicted_step_ms', 0):.1f} / "
-                         f"measured {c.get('measured_step_ms', 0):.1f}")
+                         f"{c.get('drafted_share', 0):.0%}, step ms "
+                         + (f"predicted {c['predicted_step_ms']:.1f} / " if "predicted_step_ms" in c else "")
+                         + f"measured {c.get('measured_step_ms', 0):.1f}")
     env = report.environment
     lines.append(f"device {env['device_name']} ({env['dtype']}), {env['cpu']}; prompts: {report.prompts.source} "
                  f"({report.config.prompt_len} tokens); sampling: {_sampling_label(report.config.sampling)}")
