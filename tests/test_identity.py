@@ -30,14 +30,24 @@ def test_compare_classifies_by_the_reference_margin_at_the_first_difference():
     assert compare([1, 2], [1, 2, 3], [1.0, 1.0], 1e-4).first_diff == 2  # a length difference is a difference
 
 
-def test_bound_scales_with_the_dtype_epsilon():
-    assert near_tie_bound(torch.float32) == pytest.approx(NEAR_TIE_FP32)
-    assert near_tie_bound(torch.bfloat16) == pytest.approx(NEAR_TIE_FP32 * 2**-7 / 2**-23)
+def test_16_bit_differences_are_unverified_not_near_ties():
+    assert near_tie_bound(torch.float32) == NEAR_TIE_FP32
+    assert near_tie_bound(torch.bfloat16) is None and near_tie_bound(torch.float16) is None
+    result = compare([1, 2], [1, 3], [0.1, 1e-9], None)
+    assert result.kind == "unverified" and "compare in fp32" in result.describe()
+
+
+def test_margins_never_change_a_greedy_choice_at_an_exact_tie():
+    scores = torch.zeros(1000)
+    scores[[3, 998]] = 5.0  # topk(2) returns 998 first on CPU; max() and AR return 3
+    plain = TokenChooser(SamplingConfig())
+    recording = TokenChooser(SamplingConfig(), record_margins=True)
+    assert plain.choose(scores, torch.tensor([0])) == recording.choose(scores, torch.tensor([0])) == 3
+    assert recording.margins == [0.0]
 
 
 def test_greedy_margin_is_best_minus_second_best_after_the_penalty():
-    chooser = TokenChooser(SamplingConfig(repetition_penalty=2.0))
-    chooser.margins = []
+    chooser = TokenChooser(SamplingConfig(repetition_penalty=2.0), record_margins=True)
     logits = torch.tensor([1.0, 4.0, 3.5, -1.0])
     assert chooser.choose(logits, torch.tensor([0])) == 1
     assert chooser.choose(logits, torch.tensor([1])) == 2  # 4.0 / 2 = 2.0 now loses to 3.5
@@ -48,8 +58,7 @@ def test_sampled_margin_is_the_draw_distance_to_the_chosen_interval_edge():
     probs = torch.tensor([0.25, 0.5, 0.25])
     generator = torch.Generator().manual_seed(0)
     u = float(torch.rand((), generator=torch.Generator().manual_seed(0)))
-    chooser = TokenChooser(SamplingConfig(temperature=1.0), generator)
-    chooser.margins = []
+    chooser = TokenChooser(SamplingConfig(temperature=1.0), generator, record_margins=True)
     token = chooser.draw(probs)
     edges = [0.0, 0.25, 0.75, 1.0]
     assert edges[token] <= u < edges[token + 1]

@@ -131,9 +131,7 @@ class Engine:
         prompt_ids = self.encode(prompt)
         self._check_fits(len(prompt_ids), max_new_tokens)
         mode = self._resolve_mode(mode)
-        decoder = self._decoder(mode, sampling, seed, len(prompt_ids) + max_new_tokens, spec)
-        if record_margins:
-            decoder.chooser.margins = []
+        decoder = self._decoder(mode, sampling, seed, len(prompt_ids) + max_new_tokens, spec, record_margins)
         transcript = Transcript(self.tokenizer, stop)
         config = _plain({"sampling": asdict(sampling), "stop": asdict(stop),
                          "speculation": asdict(spec) if mode == "tokenswift" else None})
@@ -178,14 +176,14 @@ class Engine:
         return mode
 
     def _decoder(self, mode: str, sampling: SamplingConfig, seed: int | None, capacity: int,
-                 spec: SpeculationConfig) -> Decoder:
+                 spec: SpeculationConfig, record_margins: bool = False) -> Decoder:
         from .drafting import make_drafter
         from .tokenswift import TokenSwiftDecoder
 
         generator = None
         if not sampling.greedy:
             generator = torch.Generator(self.device).manual_seed(seed if seed is not None else _random_seed())
-        chooser = TokenChooser(sampling, generator)
+        chooser = TokenChooser(sampling, generator, record_margins)
         if mode == "ar":
             return ARDecoder(self.model, chooser, capacity)
         if self.heads is None:

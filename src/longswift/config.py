@@ -212,8 +212,6 @@ def _check(ok: bool, message: str) -> None:
 
 
 DRAFT_MODES = ("partial", "fused")
-CPU_DEFAULTS: dict[str, object] = {"tree": (1,), "ngram_topk": 1, "lookup": 16, "draft": "fused",
-                                   "candidates": "adaptive"}
 CANDIDATE_MODES = ("all", "adaptive")
 
 
@@ -260,7 +258,8 @@ class SpeculationConfig:
         prompt-lookup chain of 16 and one n-gram chain as upper bounds, and the controller keeping only the
         candidates that pay for themselves, measured fastest on the embedded model (BENCHMARKS.md).
         """
-        base: dict[str, object] = {} if device_type == "cuda" else CPU_DEFAULTS
+        base: dict[str, object] = {} if device_type == "cuda" else dict(
+            tree=(1,), ngram_topk=1, lookup=16, draft="fused", candidates="adaptive")
         return cls(**{**base, **changes})  # type: ignore[arg-type]
 
     def tree_nodes(self) -> int:

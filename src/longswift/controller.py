@@ -28,7 +28,9 @@ from .tree import Trie
 CONFIDENCE_EDGES = (0.05, 0.2, 0.4, 0.6, 0.8, 0.95)  # bins of a source's own confidence (probability or share)
 PRIOR_STRENGTH = 2.0  # pseudo-observations behind a source's prior acceptance rate
 DEFAULT_RATE = 0.3  # prior acceptance rate of a source that states no confidence
-RECALIBRATE_GROWTH = 1.5  # re-time forwards when the context has grown by this factor
+RECALIBRATE_GROWTH = 1.5  # re-time forwards when the context has grown by this factor ...
+RECALIBRATE_MIN_ROWS = 1024  # ... and by at least this many rows (short jobs would otherwise calibrate often)
+FORGET_AFTER = 512.0  # a source's counts are halved past this many offers, so a change in the text shows quickly
 OVERHEAD_DECAY = 0.9  # exponential moving average of the measured per-step overhead
 
 
@@ -51,22 +53,25 @@ def ngram_source(depth: int, rank: int, share: float) -> tuple[str, int, int, in
     return ("ngram", depth, min(rank, 3), _bin(share))
 
 
-def lookup_source(depth: int) -> tuple[str, int, int, int]:
-    """The label of a prompt-lookup chain node: depth below the root."""
-    return ("lookup", depth, 0, 0)
+def lookup_source(depth: int, match: int) -> tuple[str, int, int, int]:
+    """The label of a prompt-lookup chain node: depth below the root, and how many tokens the match spans
+    (3, 4-7, 8-15, 16+): a long match means the text is repeating itself, a short one may be chance."""
+    return ("lookup", depth, 0, max(0, min(match.bit_length() - 2, 3)))
 
 
 class AcceptanceStats:
     """Conditional acceptance rate per candidate source, learned from hindsight, with a prior per source."""
 
     def __init__(self) -> None:
-        self.offered: Counter[Hashable] = Counter()
-        self.accepted: Counter[Hashable] = Counter()
+        self.offered: dict[Hashable, float] = {}
+        self.accepted: dict[Hashable, float] = {}
+        self.totals: Counter[str] = Counter()  # lifetime offers and acceptances per "kind depth", for the stats
 
     def rate(self, source: Hashable) -> float:
         """Estimated P(node accepted | parent accepted) for a node from `source`."""
         prior = _prior(source)
-        return (self.accepted[source] + PRIOR_STRENGTH * prior) / (self.offered[source] + PRIOR_STRENGTH)
+        return ((self.accepted.get(source, 0.0) + PRIOR_STRENGTH * prior)
+                / (self.offered.get(source, 0.0) + PRIOR_STRENGTH))
 
     def node_rate(self, sources: Sequence[Hashable]) -> float:
         """A node several sources proposed is as likely as its most reliable source says."""
@@ -80,24 +85,27 @@ class AcceptanceStats:
             if not children:
                 return
             for tok, child in children.items():
-                hit = tok == token
                 for source in trie.sources[child]:
-                    self.offered[source] += 1
-                    self.accepted[source] += hit
+                    self._count(source, tok == token)
             if token not in children:
                 return
             node = children[token]
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Hindsight acceptance per source kind and depth: {"head d1": {"offered", "accepted", "rate"}}."""
-        offered: Counter[str] = Counter()
-        accepted: Counter[str] = Counter()
-        for source, n in self.offered.items():
-            key = f"{source[0]} d{source[1]}" if isinstance(source, tuple) else str(source)
-            offered[key] += n
-            accepted[key] += self.accepted[source]
-        return {k: {"offered": offered[k], "accepted": accepted[k], "rate": round(accepted[k] / offered[k], 4)}
-                for k in sorted(offered)}
+        keys = sorted({k.rsplit(" ", 1)[0] for k in self.totals})
+        return {k: {"offered": self.totals[k + " offered"], "accepted": self.totals[k + " accepted"],
+                    "rate": round(self.totals[k + " accepted"] / self.totals[k + " offered"], 4)} for k in keys}
+
+    def _count(self, source: Hashable, hit: bool) -> None:
+        offered = self.offered.get(source, 0.0) + 1
+        accepted = self.accepted.get(source, 0.0) + hit
+        if offered > FORGET_AFTER:  # exponential forgetting in halves: recent evidence weighs more
+            offered, accepted = offered / 2, accepted / 2
+        self.offered[source], self.accepted[source] = offered, accepted
+        key = f"{source[0]} d{source[1]}" if isinstance(source, tuple) else str(source)
+        self.totals[key + " offered"] += 1
+        self.totals[key + " accepted"] += hit
 
 
 def _prior(source: Hashable) -> float:
@@ -126,7 +134,11 @@ class CostModel:
         del self.points[:-2]
 
     def due(self, context: int) -> bool:
-        return not self.points or context >= self.points[-1][0] * RECALIBRATE_GROWTH
+        """Whether the context has grown enough since the last calibration for costs to have changed."""
+        if not self.points:
+            return True
+        last = self.points[-1][0]
+        return context >= max(last * RECALIBRATE_GROWTH, last + RECALIBRATE_MIN_ROWS)
 
     def predict(self, n: int, context: int) -> float:
         if not self.points:
@@ -232,7 +244,6 @@ class Controller:
         self.acceptance = AcceptanceStats()
         self.time_forward = time_forward  # seconds of one forward of n nodes at the current context
         self.overhead = 0.0  # per-step seconds outside the verification forward (EMA)
-        self.calibration_s = 0.0
         self.calibrations = 0
         self._overhead_seen = False
 
@@ -252,16 +263,21 @@ class Controller:
         chosen = trie.subtrie(order[:best_k])
         return Selection(chosen, expected, self._step_cost(best_k + 1, context))
 
-    def calibrate_if_due(self, context: int) -> float:
-        """Time forwards of each calibration size when the context has grown enough -> seconds spent."""
+    def calibrate_if_due(self, context: int) -> bool:
+        """Time forwards of each calibration size when the context has grown enough; True if it did."""
         if not self.adaptive or not self.cost.due(context):
-            return 0.0
+            return False
         runs = [[self.time_forward(n) for _ in range(2)] for n in self.cost.sizes]  # the faster of two: noise
         self.cost.add(context, [min(r) for r in runs])
         self.calibrations += 1
-        spent = sum(map(sum, runs))
-        self.calibration_s += spent
-        return spent
+        return True
+
+    def learn(self, trie: Trie, continuation: Sequence[int]) -> None:
+        """Hindsight for one step's candidates: `continuation` = the decided tokens after its root."""
+        self.acceptance.learn(trie, continuation)
+
+    def acceptance_summary(self) -> dict[str, dict[str, float]]:
+        return self.acceptance.summary()
 
     def measured(self, nodes: int, context: int, step_s: float) -> None:
         """Feed the wall time of a whole step that verified `nodes` nodes, to track the per-step overhead."""

@@ -70,8 +70,9 @@ class _HeadsTop:
         logits = apply_penalty(logits, self.chooser.window(context), self.chooser.cfg.repetition_penalty)
         widths = self.spec.tree[: logits.shape[0]]
         probs, ids = logits.softmax(-1).topk(max(widths), dim=-1)
-        p, t = probs.tolist(), ids.tolist()  # one transfer each for all depths
-        return Draft([row[:w] for row, w in zip(t, widths)], [row[:w] for row, w in zip(p, widths)])
+        # One transfer for ids and probabilities of all depths (ids < 2**24 are exact in fp32).
+        p, t = torch.stack((probs, ids.to(probs.dtype))).tolist()
+        return Draft([[int(x) for x in row[:w]] for row, w in zip(t, widths)], [row[:w] for row, w in zip(p, widths)])
 
 
 class PartialDrafter(_HeadsTop):

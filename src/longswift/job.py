@@ -68,7 +68,9 @@ class JobState:
                                   f"({getattr(self, name)} != {getattr(other, name)})")
         if self.prompt_ids != other.prompt_ids:
             raise ResumeError("checkpoint was made with another prompt")
-        for key in sorted(set(self.config) | set(other.config)):
+        # Speculation settings only choose which candidates are verified, never the tokens, so a job may resume
+        # with others (e.g. after a change of device defaults).
+        for key in sorted((set(self.config) | set(other.config)) - {"speculation"}):
             if self.config.get(key) != other.config.get(key):
                 raise ResumeError(f"checkpoint was made with {key}={self.config.get(key)!r}, "
                                   f"this run has {key}={other.config.get(key)!r}")

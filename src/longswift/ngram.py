@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 
 class NGramTable:
@@ -54,6 +55,17 @@ class NGramTable:
         return sum(len(v) for v in self._by_first.values())
 
 
+MAX_MATCH = 32  # matches are measured up to this many tokens (a confidence feature, not a search)
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """A prompt-lookup proposal and how many tokens before it matched the current tail (>= k)."""
+
+    tokens: list[int]
+    match: int
+
+
 class HistoryLookup:
     """Prompt-lookup candidates: continue the text the way it went after the last earlier occurrence of its tail.
 
@@ -70,16 +82,19 @@ class HistoryLookup:
         self._last: dict[tuple[int, ...], int] = {}  # k-gram -> index of its last token, most recent occurrence
         self._indexed = 0  # k-grams ending before this index are in `_last`
 
-    def continuation(self, ids: list[int], length: int) -> list[int]:
-        """Up to `length` tokens that followed the last earlier occurrence of ids[-k:] (empty if none)."""
+    def continuation(self, ids: list[int], length: int) -> Continuation:
+        """`length` tokens that followed the last earlier occurrence of ids[-k:] (none if it never occurred)."""
         n, k = len(ids), self.k
         for end in range(max(self._indexed, k - 1), n - 1):  # every k-gram that ends before the last token
             self._last[tuple(ids[end - k + 1: end + 1])] = end
         self._indexed = max(self._indexed, n - 1)
         if n < k or length <= 0:
-            return []
+            return Continuation([], 0)
         p = self._last.get(tuple(ids[n - k:]))
         if p is None:
-            return []
+            return Continuation([], 0)
         period = n - 1 - p  # the text after p repeats from index p + 1 with this period
-        return [ids[p + 1 + i % period] for i in range(length)]
+        match = k
+        while match < MAX_MATCH and p - match >= 0 and ids[p - match] == ids[n - 1 - match]:
+            match += 1
+        return Continuation([ids[p + 1 + i % period] for i in range(length)], match)

@@ -71,12 +71,14 @@ def _eta(logits: Tensor, epsilon: float) -> Tensor:
 class TokenChooser:
     """Picks one token per call from a row of logits, given that row's penalty window."""
 
-    def __init__(self, cfg: SamplingConfig, generator: torch.Generator | None = None) -> None:
+    def __init__(self, cfg: SamplingConfig, generator: torch.Generator | None = None,
+                 record_margins: bool = False) -> None:
         if not cfg.greedy and generator is None:
             raise ValueError("sampling needs an explicit torch.Generator")
         self.cfg = cfg
         self.generator = generator
-        self.margins: list[float] | None = None  # a list: every choice appends its decision margin (identity.py)
+        # When recording, every choice appends its decision margin (identity.py).
+        self.margins: list[float] | None = [] if record_margins else None
 
     def window(self, context: Tensor) -> Tensor:
         """The penalty window of the next token: the last W ids of `context` (all of it when W == 0)."""
@@ -107,13 +109,14 @@ class TokenChooser:
         return self.draw(self.distribution(logits, context), context)
 
     def _argmax_with_margin(self, scores: Tensor, context: Tensor) -> int:
-        """The argmax, recording best - second best (topk breaks ties like max: the lowest index wins)."""
-        values, indices = scores.topk(2)
-        best, second, token = torch.cat((values, indices[:1].to(values.dtype))).tolist()
-        if not math.isfinite(best):
+        """The same argmax as without margins (max(), not topk(), whose tie order differs), and best - second."""
+        best, index = scores.max(-1)
+        second = scores.index_fill(0, index[None], -math.inf).max()
+        value, runner_up, token = torch.stack((best, second, index.to(best.dtype))).tolist()
+        if not math.isfinite(value):
             raise _non_finite(context)
         assert self.margins is not None
-        self.margins.append(best - second)
+        self.margins.append(value - runner_up)
         return int(token)
 
     def draw(self, probs: Tensor, context: Tensor | None = None) -> int:
@@ -124,12 +127,16 @@ class TokenChooser:
         # and u < 1 keeps it inside the vocabulary.
         x = u * cdf[-1]
         token = torch.searchsorted(cdf, x, right=True)
-        total, index = torch.stack((cdf[-1], token.to(cdf.dtype))).tolist()
+        if self.margins is None:
+            total, index = torch.stack((cdf[-1], token.to(cdf.dtype))).tolist()
+        else:  # also how far the draw fell from the edges of the chosen token's interval, in the same transfer
+            padded = torch.cat((cdf.new_zeros(1), cdf))  # padded[i] = mass before token i
+            last = padded.shape[0] - 1
+            edges = padded[torch.stack((token, token + 1)).clamp(max=last)]
+            total, index, low, high, at = torch.cat((cdf[-1:], token.to(cdf.dtype)[None], edges, x[None])).tolist()
         if not (math.isfinite(total) and total > 0 and index < probs.shape[-1]):
             raise _non_finite(context)
-        if self.margins is not None:  # how far the draw fell from the edges of the chosen token's interval
-            i = int(index)
-            low, high, at = (float(cdf[i - 1]) if i > 0 else 0.0), float(cdf[i]), float(x)
+        if self.margins is not None:
             self.margins.append(min(at - low, high - at) / total)
         return int(index)
 

@@ -53,7 +53,8 @@ class NodeLogits:
 
 
 class TokenSwiftDecoder:
-    """Speculative decoder: draft, reuse n-grams, choose, verify a trie over the full cache, commit the accepted path."""
+    """Speculative decoder: draft, reuse n-grams, choose, verify a trie over the full cache, commit the accepted
+    path."""
 
     mode = "tokenswift"
 
@@ -66,7 +67,8 @@ class TokenSwiftDecoder:
         self.lookup = HistoryLookup()
         self.timer = Timer(model.device)
         self.controller = Controller(spec.candidates == "adaptive", spec.max_nodes(), self._time_forward)
-        self.gate = DraftGate(spec.candidates == "adaptive")
+        # Only fused drafting can skip a step's drafting cheaply: the partial cache must see every decided token.
+        self.gate = DraftGate(spec.candidates == "adaptive" and spec.draft == "fused")
         self.log = QueryLog(row=-1) if spec.draft == "partial" else None  # only the partial cache reads queries
         self._positions = torch.arange(capacity + spec.max_depth() + 1, device=model.device)
         self._learning: deque[tuple[Trie, int]] = deque()  # candidate tries waiting for their hindsight
@@ -133,8 +135,8 @@ class TokenSwiftDecoder:
                 share = self.ngrams.share(gram)
                 trie.add_chain(chain, sources=[ngram_source(d + 1, rank, share) for d in range(len(chain))])
         if self.spec.lookup:
-            chain = self.lookup.continuation(self.context.host, self.spec.lookup)
-            trie.add_chain(chain, sources=[lookup_source(d + 1) for d in range(len(chain))])
+            found = self.lookup.continuation(self.context.host, self.spec.lookup)
+            trie.add_chain(found.tokens, sources=[lookup_source(d + 1, found.match) for d in range(len(found.tokens))])
         return trie
 
     def _learn(self) -> None:
@@ -146,7 +148,7 @@ class TokenSwiftDecoder:
             if root + depth >= len(decided):
                 return
             self._learning.popleft()
-            self.controller.acceptance.learn(trie, decided[root + 1: root + 1 + depth])
+            self.controller.learn(trie, decided[root + 1: root + 1 + depth])
 
     def _time_forward(self, n: int) -> float:
         """Seconds of verifying n nodes (a causal block) at the current context: the forward and the node logits
@@ -219,4 +221,4 @@ class TokenSwiftDecoder:
                 "measured_step_ms": 1000 * self.measured_s / steps,
                 "calibrations": self.controller.calibrations,
                 "calibrate_s": self.timer.totals.get("calibrate", 0.0),
-                "hindsight_acceptance": self.controller.acceptance.summary()}
+                "hindsight_acceptance": self.controller.acceptance_summary()}

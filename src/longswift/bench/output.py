@@ -52,8 +52,8 @@ def cpu_model() -> str:
 
 CSV_COLUMNS = ("method", "gen_len", "prefill_s", "decode_s", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf",
                "mean_accepted", "acceptance_rate", "ngram_share", "distinct_1", "distinct_2", "distinct_3",
-               "distinct_4", "peak_mem_mb", "identical", "first_diff", "mismatch", "margin_at_diff") + tuple(f"ms_per_token_{i}0pct"
-                                                                                for i in range(1, TENTHS + 1))
+               "distinct_4", "peak_mem_mb", "identical", "first_diff", "mismatch", "margin_at_diff") + tuple(
+                   f"ms_per_token_{i}0pct" for i in range(1, TENTHS + 1))
 
 
 def csv_row(s: MethodSummary) -> dict[str, Any]:
@@ -181,4 +181,6 @@ def _difference(s: MethodSummary) -> str:
     margin = "margin not recorded" if s.margin_at_diff is None else f"margin {s.margin_at_diff:.1e}"
     if s.mismatch == "near-tie":
         return f"NO: numerical near-tie at token {s.first_diff} ({margin})"
+    if s.mismatch == "unverified":
+        return f"NO: differs at token {s.first_diff} ({margin}; 16-bit: compare in fp32)"
     return f"NO: MISMATCH at token {s.first_diff} ({margin})"

@@ -40,7 +40,7 @@ class RunRecord:
     stats: dict[str, Any] = field(default_factory=dict)  # the engine's own stats (speculation counters)
     identical: bool | None = None  # equal to the reference method's tokens (None: not comparable)
     first_diff: int | None = None
-    mismatch: str | None = None  # when not identical: "near-tie" or "mismatch" (identity.py)
+    mismatch: str | None = None  # when not identical: "near-tie", "mismatch" or "unverified" (identity.py)
     margin_at_diff: float | None = None  # the reference's decision margin at first_diff
 
 
@@ -145,7 +145,8 @@ def _record(method: Method, n: int, repeat: int, obs: _Observation, peak_mb: flo
 
 
 def _check_identity(cfg: BenchConfig, group: list[tuple[RunRecord, list[int]]],
-                    margins: dict[str, list[float] | None] | None = None, bound: float = NEAR_TIE_FP32) -> None:
+                    margins: dict[str, list[float] | None] | None = None,
+                    bound: float | None = NEAR_TIE_FP32) -> None:
     """Compare every run of one (length, repeat) with the `ar` run (or the first method's when `ar` is absent).
 
     Greedy: every method must match. Sampling: longswift's methods consume the seeded generator in lockstep, so
