@@ -11,7 +11,7 @@ import pytest
 
 import longswift
 from longswift import SamplingConfig, SpeculationConfig
-from longswift.controller import AcceptanceStats, Controller, CostModel, DraftGate, head_source, ngram_source
+from longswift.controller import AcceptanceStats, Controller, CostModel, StepGate, head_source, ngram_source
 from longswift.ngram import HistoryLookup, NGramTable
 from longswift.tokenswift import TokenSwiftDecoder
 from longswift.tree import Trie
@@ -77,7 +77,7 @@ def test_seeded_sampling_is_in_lockstep_with_ar(spec, tiny_llama):
 def fake_costs(monkeypatch, seconds_for_nodes) -> None:
     """Replace timed forwards by a cost function of the node count; the drafting gate always drafts."""
     monkeypatch.setattr(TokenSwiftDecoder, "_time_forward", lambda self, n: seconds_for_nodes(n))
-    monkeypatch.setattr(DraftGate, "_choice", lambda self: True)
+    monkeypatch.setattr(StepGate, "_choice", lambda self: "draft")
 
 
 def test_expensive_nodes_make_every_step_a_root_alone_step(monkeypatch, tiny_llama):
@@ -152,16 +152,19 @@ def test_cost_model_interpolates_in_nodes_and_extrapolates_in_context():
     assert cost.predict(2, 1500) == pytest.approx(3.0)
 
 
-def test_draft_gate_follows_the_faster_arm_and_keeps_exploring():
-    gate = DraftGate(adaptive=True)
+def test_step_gate_follows_the_fastest_kind_and_keeps_exploring():
+    gate = StepGate(("draft", "cheap", "plain"))
+    tokens = {"draft": 3, "cheap": 2, "plain": 1}  # per step, all taking the same time: drafting pays
     choices = []
-    for _ in range(64):
-        drafted = gate.wants_draft()
-        choices.append(drafted)
-        gate.record(drafted, 3 if drafted else 1, 0.01)  # drafting steps give 3 tokens for the same time
-    assert choices[:4] == [True, False, True, False]  # both measured first
-    assert sum(choices[4:]) >= 55 and not all(choices[4:])  # mostly drafts, still tries the other arm
-    assert DraftGate(adaptive=False).wants_draft()
+    for _ in range(96):
+        kind = gate.choose()
+        choices.append(kind)
+        gate.record(kind, tokens[kind], 0.01)
+    assert sorted(choices[:6]) == sorted(["draft", "cheap", "plain"] * 2)  # every kind measured first
+    later = choices[6:]
+    assert later.count("draft") >= 84 and {"cheap", "plain"} <= set(later)  # mostly drafts, still explores
+    assert gate.shares()["draft"] == choices.count("draft") / 96
+    assert StepGate(("draft",)).choose() == "draft"
 
 
 def test_history_lookup_continues_the_last_occurrence_periodically():

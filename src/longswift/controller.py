@@ -177,50 +177,66 @@ def calibration_sizes(max_nodes: int) -> tuple[int, ...]:
     return tuple(sorted({s for s in sizes if s < max_nodes} | {max_nodes}))
 
 
-class DraftGate:
-    """Whether running the draft heads this step pays, judged by measured throughput with and without them.
+STEP_KINDS = ("draft", "cheap", "plain")
 
-    Drafting costs the heads and an LM-head matmul per step (plus a forward in the paper's mode); where the
-    heads rarely guess right (sampled text, a model they were not trained for) that costs more than it brings.
-    The gate keeps an exponential average of tokens and seconds per step for steps with and without drafting,
-    follows the faster, and tries the other on every `EXPLORE_EVERY`-th step so that a change in the text is
-    noticed. The schedule is deterministic: it must never consume the sampler's random numbers.
+
+class StepGate:
+    """Which kind of step pays now, judged by measured throughput, one of `kinds`:
+
+      draft   the draft heads, prompt lookup and n-grams propose; the controller picks what to verify;
+      cheap   prompt lookup and n-grams only (no heads: no LM-head matmul for drafting);
+      plain   the root alone, no candidates at all: exactly an AR step, with no bookkeeping beyond it.
+    Where the heads rarely guess right (sampled text) drafting costs more than it brings; where the text does
+    not repeat, even building candidates does. The gate keeps an exponential average of tokens and seconds per
+    step for each kind, follows the fastest, and every `EXPLORE_EVERY`-th step tries the kind it tried least
+    recently, so that a change in the text is noticed. The schedule is deterministic: it must never consume the
+    sampler's random numbers.
     """
 
     EXPLORE_EVERY = 16
     DECAY = 0.95
 
-    def __init__(self, adaptive: bool) -> None:
-        self.adaptive = adaptive
-        self.tokens = {True: 0.0, False: 0.0}
-        self.seconds = {True: 0.0, False: 0.0}
-        self.seen = {True: 0, False: 0}
+    def __init__(self, kinds: tuple[str, ...]) -> None:
+        self.kinds = kinds
+        self.tokens = dict.fromkeys(kinds, 0.0)
+        self.seconds = dict.fromkeys(kinds, 0.0)
+        self.seen = dict.fromkeys(kinds, 0)
+        self.tried = dict.fromkeys(kinds, 0)  # the step at which each kind was last chosen
+        self.chosen: Counter[str] = Counter()
         self.steps = 0
-        self.drafted = 0
 
-    def wants_draft(self) -> bool:
+    def choose(self) -> str:
+        """The kind of the next step."""
         self.steps += 1
-        draft = self._choice()
-        self.drafted += draft
-        return draft
+        kind = self._choice()
+        self.chosen[kind] += 1
+        self.tried[kind] = self.steps
+        return kind
 
-    def record(self, drafted: bool, tokens: int, seconds: float) -> None:
-        decay = self.DECAY if self.seen[drafted] else 0.0
-        self.tokens[drafted] = decay * self.tokens[drafted] + (1 - decay) * tokens
-        self.seconds[drafted] = decay * self.seconds[drafted] + (1 - decay) * seconds
-        self.seen[drafted] += 1
+    def record(self, kind: str, tokens: int, seconds: float) -> None:
+        """Feed what a step of `kind` emitted and how long it took."""
+        decay = self.DECAY if self.seen[kind] else 0.0
+        self.tokens[kind] = decay * self.tokens[kind] + (1 - decay) * tokens
+        self.seconds[kind] = decay * self.seconds[kind] + (1 - decay) * seconds
+        self.seen[kind] += 1
 
-    def rate(self, drafted: bool) -> float:
-        """Measured tokens per second of steps with (True) or without (False) drafting; 0 before any."""
-        return self.tokens[drafted] / self.seconds[drafted] if self.seconds[drafted] > 0 else 0.0
+    def rate(self, kind: str) -> float:
+        """Measured tokens per second of steps of `kind`; 0 before any."""
+        return self.tokens[kind] / self.seconds[kind] if self.seconds[kind] > 0 else 0.0
 
-    def _choice(self) -> bool:
-        if not self.adaptive:
-            return True
-        if self.seen[True] < 2 or self.seen[False] < 2:
-            return self.seen[True] <= self.seen[False]  # measure both before judging
-        best = self.rate(True) >= self.rate(False)
-        return (not best) if self.steps % self.EXPLORE_EVERY == 0 else best
+    def shares(self) -> dict[str, float]:
+        return {k: self.chosen[k] / max(self.steps, 1) for k in self.kinds}
+
+    def _choice(self) -> str:
+        if len(self.kinds) == 1:
+            return self.kinds[0]
+        unmeasured = [k for k in self.kinds if self.seen[k] < 2]
+        if unmeasured:  # measure every kind twice before judging
+            return min(unmeasured, key=lambda k: (self.seen[k], self.kinds.index(k)))
+        best = max(self.kinds, key=self.rate)
+        if self.steps % self.EXPLORE_EVERY == 0:
+            return min((k for k in self.kinds if k != best), key=lambda k: self.tried[k])
+        return best
 
 
 @dataclass(frozen=True)

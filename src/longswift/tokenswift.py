@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .cache import KVCache
 from .config import SpeculationConfig
-from .controller import Controller, DraftGate, head_source, lookup_source, ngram_source
+from .controller import STEP_KINDS, Controller, StepGate, head_source, lookup_source, ngram_source
 from .decoding import Context, Timer, prefill
 from .drafting import Draft, Drafter
 from .model import QueryLog, Transformer
@@ -68,7 +68,8 @@ class TokenSwiftDecoder:
         self.timer = Timer(model.device)
         self.controller = Controller(spec.candidates == "adaptive", spec.max_nodes(), self._time_forward)
         # Only fused drafting can skip a step's drafting cheaply: the partial cache must see every decided token.
-        self.gate = DraftGate(spec.candidates == "adaptive" and spec.draft == "fused")
+        adaptive = spec.candidates == "adaptive" and spec.draft == "fused"
+        self.gate = StepGate(STEP_KINDS if adaptive else ("draft",))
         self.log = QueryLog(row=-1) if spec.draft == "partial" else None  # only the partial cache reads queries
         self._positions = torch.arange(capacity + spec.max_depth() + 1, device=model.device)
         self._learning: deque[tuple[Trie, int]] = deque()  # candidate tries waiting for their hindsight
@@ -96,10 +97,10 @@ class TokenSwiftDecoder:
         if self.controller.calibrate_if_due(self.cache.length):  # timed forwards, counted as decoding time
             self.timer.add("calibrate", t)
         t0 = self.timer.now()
-        drafted = self.gate.wants_draft()
-        draft = self.drafter.propose(self.context.ids(), self.cache, self.log) if drafted else Draft.empty()
+        kind = self.gate.choose()
+        draft = self.drafter.propose(self.context.ids(), self.cache, self.log) if kind == "draft" else Draft.empty()
         t1 = self.timer.add("draft", t0)
-        candidates = self._candidates(draft)
+        candidates = self._candidates(draft) if kind != "plain" else Trie.rooted(self.context.last)
         choice = self.controller.select(candidates, self.cache.length)
         t2 = self.timer.add("bookkeeping", t1)
         trie = choice.trie
@@ -116,8 +117,9 @@ class TokenSwiftDecoder:
         self._learn()
         self._count(trie, result.nodes)
         t4 = self.timer.add("bookkeeping", t3)
-        self.controller.measured(len(trie), self.cache.length, t4 - t0)
-        self.gate.record(drafted, len(result.tokens), t4 - t0)
+        if kind != "plain":  # the overhead the controller weighs is that of steps with candidates
+            self.controller.measured(len(trie), self.cache.length, t4 - t0)
+        self.gate.record(kind, len(result.tokens), t4 - t0)
         self.predicted_s += choice.predicted_s
         self.measured_s += t4 - t0
         return result.tokens
@@ -216,7 +218,8 @@ class TokenSwiftDecoder:
                 "verified_nodes": {str(k): v for k, v in sorted(self.verified.items())},
                 "mean_verified_nodes": sum(k * v for k, v in self.verified.items()) / steps,
                 "root_only_share": self.verified.get(1, 0) / steps,
-                "drafted_share": self.gate.drafted / steps,
+                "drafted_share": self.gate.shares()["draft"],
+                "step_kinds": self.gate.shares(),
                 "predicted_step_ms": 1000 * self.predicted_s / steps if self.controller.adaptive else None,
                 "measured_step_ms": 1000 * self.measured_s / steps,
                 "calibrations": self.controller.calibrations,
