@@ -180,7 +180,7 @@ def test_dispatch_keeps_the_fast_and_reference_paths(tiny_llama):
     assert vis(2).shared == 0  # 2 x 8192 < CASCADE_MIN_WORK: two kernel calls cost more than the bias
     chunk = vis(512)
     assert chunk.shared == 8192 and chunk.bias.shape == (group * 512, 512)  # no (G*512, context) bias
-    assert 4 * 8192 >= CASCADE_MIN_WORK and vis(4).shared == 8192
+    assert 32 * 8192 >= CASCADE_MIN_WORK and vis(32).shared == 8192 and vis(31).shared == 0
 
 
 def test_bf16_cascade_stays_as_close_to_fp32_as_the_dense_path(tiny_llama):

@@ -65,8 +65,11 @@ class RMSNorm(nn.Module):
 # the embedded model (8 query / 2 KV heads, head_dim 32, fp32, one thread) broke even near new tokens x cached
 # rows = 32K (4K rows x 9 nodes 0.98x, 4K x 5 1.03x, 8K x 2 1.04x, 16K x 2 0.98x, 1K x 41 0.98x) and gained
 # 10-15% from 16K rows with 9-17 nodes; below that two kernel calls and the merge (~0.03 ms) cost more than
-# reading the bias saves. Every 512-token prefill chunk after the first is far above it.
-CASCADE_MIN_WORK = 32768
+# reading the bias saves. In whole decoding runs, though, the default TokenSwift configuration at 8K new tokens
+# (~9 verified nodes over 2-10K rows) ran faster with the dense bias in both benchmarks that compared them
+# (`tokenswift:attn=dense`, BENCHMARKS.md: 2.25x vs 1.59x and 2.06x vs 1.80x AR), so the cascade is kept to where
+# it gained in every measurement: >= 8 nodes x 32K rows. Every 512-token prefill chunk past 512 rows is above it.
+CASCADE_MIN_WORK = 262_144
 
 
 @dataclass(frozen=True)
