@@ -8,7 +8,6 @@ same test, which shows it has the power to fail.
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch

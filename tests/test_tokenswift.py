@@ -6,7 +6,6 @@ Greedy runs are long (2,000+ tokens) so that the partial cache reselects many ti
 from __future__ import annotations
 
 import functools
-from collections import Counter
 
 import pytest
 import torch

@@ -102,7 +102,8 @@ def cmd_train_heads(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     _check_writable(args.out)
     cfg = TrainConfig(model=Path(model), data=tuple(args.data), out=args.out, gamma=args.gamma, steps=args.steps,
                       lr=args.lr, seq_len=args.seq_len, batch_size=args.batch_size, grad_accum=args.grad_accum,
-                      warmup=args.warmup if args.warmup is not None else min(20, args.steps // 10), seed=args.seed, checkpoint_every=args.checkpoint_every,
+                      warmup=args.warmup if args.warmup is not None else min(20, args.steps // 10), seed=args.seed,
+                      checkpoint_every=args.checkpoint_every,
                       device=args.device, dtype=args.dtype, autocast=not args.no_autocast, resume=args.resume)
     bar: Any = None
 
