@@ -14,19 +14,23 @@ import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .checkpoint import DTYPES, Checkpoint, default_model_dir, heads_beside
 from .config import SamplingConfig, SpeculationConfig, StopConfig
-from .decoding import ARDecoder, Decoder, drive
+from .compiled import StaticForward, resolve_compile
+from .decoding import ARDecoder, Decoder, Forward, drive
 from .errors import CheckpointError, ConfigError, HeadsError, PromptError, ResumeError
 from .heads import DraftHeads
 from .job import JobState
 from .released import load_heads
 from .sampling import TokenChooser
 from .transcript import Piece, Transcript
+
+if TYPE_CHECKING:
+    from .drafting import Drafter
 
 
 @dataclass
@@ -89,7 +93,7 @@ class Engine:
     """A loaded model with its tokenizer; runs generation jobs."""
 
     def __init__(self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
-                 heads: str | Path | bool | None = None) -> None:
+                 heads: str | Path | bool | None = None, compile: str = "auto") -> None:
         self.checkpoint = checkpoint
         self.device = device
         self.dtype = dtype
@@ -103,6 +107,8 @@ class Engine:
         self.heads_fingerprint: str | None = loaded.fingerprint if loaded else None
         self.heads_source: str | None = loaded.source if loaded else None  # a path, or "embedded"
         self.heads_note: str | None = loaded.note if loaded else None  # a heads file overrides embedded blocks
+        self.compile = compile  # the default of `stream(compile=...)`: auto | on | off (compiled.py)
+        self._static: StaticForward | None = None  # the engine's compiled forward, made on first use
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -116,7 +122,8 @@ class Engine:
     def stream(self, prompt: str | list[int], max_new_tokens: int = 256, *, sampling: SamplingConfig | None = None,
                seed: int | None = None, stop_strings: tuple[str, ...] = (), ignore_eos: bool = False,
                mode: str = "auto", speculation: SpeculationConfig | None = None,
-               resume: JobState | None = None, record_margins: bool = False) -> GenerationStream:
+               resume: JobState | None = None, record_margins: bool = False, compile: str | None = None,
+               drafter: Drafter | None = None) -> GenerationStream:
         """Start a generation; iterate the returned stream for text pieces, then read `.result`.
 
         mode: "tokenswift", "ar", or "auto" (TokenSwift when heads are loaded). Both modes emit tokens with the
@@ -124,6 +131,10 @@ class Engine:
         run with the same model, heads, prompt and settings, continued so the output is identical.
         `record_margins`: keep every token's decision margin (`GenerationResult.margins`), to tell a rounding
         near-tie from a mismatch when comparing runs (identity.py).
+        `compile`: "on" runs decoding and verification forwards as compiled static-shape graphs (compiled.py;
+        compiled once per engine, before the clock starts), "off" eagerly, "auto" (default: the engine's
+        `compile`) where that was measured to pay. `drafter`: replaces the heads' drafter (engine measurements
+        with `replay.ReplayDrafter`; drafts never change the output).
         """
         sampling = sampling or SamplingConfig()
         spec = speculation or SpeculationConfig.for_device(self.device.type)
@@ -131,7 +142,8 @@ class Engine:
         prompt_ids = self.encode(prompt)
         self._check_fits(len(prompt_ids), max_new_tokens)
         mode = self._resolve_mode(mode)
-        decoder = self._decoder(mode, sampling, seed, len(prompt_ids) + max_new_tokens, spec, record_margins)
+        decoder = self._decoder(mode, sampling, seed, len(prompt_ids) + max_new_tokens, spec, record_margins,
+                                self._forward(compile or self.compile), drafter)
         transcript = Transcript(self.tokenizer, stop)
         config = _plain({"sampling": asdict(sampling), "stop": asdict(stop),
                          "speculation": asdict(spec) if mode == "tokenswift" else None})
@@ -175,8 +187,21 @@ class Engine:
             raise ConfigError(f"unknown mode {mode!r}; use auto, tokenswift or ar")
         return mode
 
+    def compile_seconds(self) -> float:
+        """Seconds this engine has spent compiling (and warming up) its static forward so far."""
+        return self._static.compile_s if self._static is not None else 0.0
+
+    def _forward(self, choice: str) -> Forward:
+        """The model itself, or the engine's static forward (compiled once, reused by every generation)."""
+        if not resolve_compile(choice, self.device):
+            return self.model
+        if self._static is None:
+            self._static = StaticForward(self.model, compiled=True)
+        return self._static
+
     def _decoder(self, mode: str, sampling: SamplingConfig, seed: int | None, capacity: int,
-                 spec: SpeculationConfig, record_margins: bool = False) -> Decoder:
+                 spec: SpeculationConfig, record_margins: bool = False, forward: Forward | None = None,
+                 drafter: Drafter | None = None) -> Decoder:
         from .drafting import make_drafter
         from .tokenswift import TokenSwiftDecoder
 
@@ -185,12 +210,14 @@ class Engine:
             generator = torch.Generator(self.device).manual_seed(seed if seed is not None else _random_seed())
         chooser = TokenChooser(sampling, generator, record_margins)
         if mode == "ar":
-            return ARDecoder(self.model, chooser, capacity)
+            return ARDecoder(self.model, chooser, capacity, forward)
+        if drafter is not None:
+            return TokenSwiftDecoder(self.model, chooser, drafter, spec, capacity, forward)
         if self.heads is None:
             raise HeadsError("mode tokenswift needs draft heads (--heads FILE); train them with "
                              "`longswift train-heads`")
         drafter = make_drafter(self.model, self.heads, sampling, spec)
-        return TokenSwiftDecoder(self.model, chooser, drafter, spec, capacity)
+        return TokenSwiftDecoder(self.model, chooser, drafter, spec, capacity, forward)
 
     def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
         limit = self.model.cfg.max_position_embeddings
@@ -202,12 +229,13 @@ class Engine:
 
 
 def load(model: str | Path | None = None, *, heads: str | Path | None | bool = None, device: str = "auto",
-         dtype: str = "auto") -> Engine:
+         dtype: str = "auto", compile: str = "auto") -> Engine:
     """Load a local Hugging Face checkpoint directory (safetensors) and its draft heads.
 
     model None: the embedded demonstration model. heads None: `heads.safetensors` in the model directory if
     present, else the draft blocks embedded in a released TokenSwift checkpoint (config.json `medusa_heads`), if
-    any (either way TokenSwift is then the default mode); False: no heads; a path: that file.
+    any (either way TokenSwift is then the default mode); False: no heads; a path: that file. compile: the
+    engine's default for `stream(compile=...)` (auto | on | off), checked here so a bad value fails before loading.
     """
     if model is None:
         model = default_model_dir()
@@ -217,7 +245,8 @@ def load(model: str | Path | None = None, *, heads: str | Path | None | bool = N
     if heads is None:
         heads = heads_beside(checkpoint.path)
     dev = resolve_device(device)
-    return Engine(checkpoint, dev, resolve_dtype(dtype, dev), True if heads is None else heads)
+    resolve_compile(compile, dev)
+    return Engine(checkpoint, dev, resolve_dtype(dtype, dev), True if heads is None else heads, compile)
 
 
 def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int], resumed: int = 0,
@@ -228,10 +257,10 @@ def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int], res
     decoded in the `decode_s` of this run, so the rate is computed from those.
     """
     times = decoder.timer.totals
-    decode_s = sum(v for k, v in times.items() if k != "prefill")
+    decode_s = sum(v for k, v in times.items() if k not in ("prefill", "compile"))
     n = len(transcript.ids)
     stats = {"mode": decoder.mode, "new_tokens": n, "resumed_tokens": resumed, "prefill_s": times.get("prefill", 0.0),
-             "decode_s": decode_s, "tokens_per_s": (n - resumed) / decode_s if decode_s > 0 else 0.0,
+             "compile_s": times.get("compile", 0.0), "decode_s": decode_s, "tokens_per_s": (n - resumed) / decode_s if decode_s > 0 else 0.0,
              **decoder.stats()}
     if decoder.mode == "tokenswift":
         stats["heads"] = heads  # "embedded" or the heads file: shows which draft heads actually ran

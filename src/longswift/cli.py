@@ -7,12 +7,14 @@ and exit status 2, never a traceback; text already generated has been streamed o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
@@ -204,6 +206,9 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
     d = p.add_argument_group("hardware")
     d.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     d.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto (fp32 on CPU, bf16 on GPU)")
+    d.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                   help="compile the decoding and verification steps with torch.compile (static shapes; CUDA graphs "
+                        "on GPUs); auto = where measured to pay (default; currently nowhere, see BENCHMARKS.md)")
 
 
 def _add_speculation(p: argparse.ArgumentParser) -> None:
@@ -303,12 +308,13 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         out.write(plan.describe() + "\n")
         return 0
     plan.check()
-    engine = load(ckpt.path, heads=args.heads, device=args.device, dtype=args.dtype)
+    engine = load(ckpt.path, heads=args.heads, device=args.device, dtype=args.dtype, compile=args.compile)
     if engine.heads_note and not args.quiet:
         err.write(f"longswift: note: {engine.heads_note}\n")
-    stream = engine.stream(prompt, args.max_new_tokens, sampling=sampling, seed=args.seed,
-                           stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos, mode=args.mode,
-                           speculation=speculation, resume=resume)
+    with _compiling(engine, err if not args.quiet else None):
+        stream = engine.stream(prompt, args.max_new_tokens, sampling=sampling, seed=args.seed,
+                               stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos, mode=args.mode,
+                               speculation=speculation, resume=resume)
     sink = TextSink.open_file(args.output, resume.text if resume else None) if args.output else TextSink(out)
     progress = _Progress(args, err, stream, already=len(resume.generated_ids) if resume else 0)
     with _StopOnSignal() as signals:
@@ -328,6 +334,21 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not args.quiet:
         err.write(_summary(result.stats, result.finish_reason) + "\n")
     return 0
+
+
+@contextlib.contextmanager
+def _compiling(engine: Any, err: TextIO | None) -> Iterator[None]:
+    """Say that the (slow, one-off) compilation runs, and how long it took, around starting a compiled job."""
+    from .compiled import resolve_compile
+
+    if err is None or not resolve_compile(engine.compile, engine.device):
+        yield
+        return
+    err.write("longswift: compiling the decoding steps (torch.compile, once per process, before timing) ...\n")
+    err.flush()
+    before = engine.compile_seconds()
+    yield
+    err.write(f"longswift: compiled in {engine.compile_seconds() - before:.0f} s\n")
 
 
 def _summary(s: dict[str, Any], finish_reason: str) -> str:
