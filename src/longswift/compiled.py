@@ -173,6 +173,13 @@ class StaticForward:
 
     def __call__(self, tokens: Tensor, positions: Tensor, cache: Cache, tree_mask: Tensor | None = None,
                  log: QueryLog | None = None) -> Tensor:
+        # Always in inference mode: Dynamo guards on the grad mode and on whether inputs are inference tensors, so
+        # every call must look the same whatever its caller's mode.
+        with torch.inference_mode():
+            return self._call(tokens, positions, cache, tree_mask, log)
+
+    def _call(self, tokens: Tensor, positions: Tensor, cache: Cache, tree_mask: Tensor | None,
+              log: QueryLog | None) -> Tensor:
         t = tokens.shape[1]
         plan = self._plan(t, cache, log)
         if plan is None:

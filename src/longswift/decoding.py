@@ -98,6 +98,16 @@ class Forward(Protocol):
                  log: QueryLog | None = None) -> Tensor: ...
 
 
+def reuse(cache: KVCache | None, capacity: int) -> KVCache | None:
+    """`cache` emptied for a new generation, if given; it must hold `capacity` rows."""
+    if cache is None:
+        return None
+    if cache.capacity < capacity:
+        raise ValueError(f"a reused cache of {cache.capacity} rows cannot hold {capacity}")
+    cache.reset()
+    return cache
+
+
 def warm_up(forward: Forward, cache: KVCache, max_nodes: int, timer: Timer, since: float,
             log_row: int | None = None) -> None:
     """Compile a static forward's graphs before decoding is timed (its seconds go to the `compile` split)."""
@@ -139,12 +149,14 @@ class ARDecoder:
     mode = "ar"
 
     def __init__(self, model: Transformer, chooser: TokenChooser, capacity: int,
-                 forward: Forward | None = None) -> None:
+                 forward: Forward | None = None, cache: KVCache | None = None) -> None:
+        """`cache`: reuse this (empty, large enough) cache instead of allocating one, e.g. to keep a compiled
+        forward's CUDA graphs, which are recorded for one storage address."""
         self.model = model
         self.forward: Forward = forward or model
         self._forward_base = forward_counts(self.forward)
         self.chooser = chooser
-        self.cache = KVCache(model.cfg, capacity, device=model.device, dtype=model.dtype)
+        self.cache = reuse(cache, capacity) or KVCache(model.cfg, capacity, device=model.device, dtype=model.dtype)
         self.context = Context(capacity, model.device)
         self.timer = Timer(model.device)
         self._positions = torch.arange(capacity, device=model.device)

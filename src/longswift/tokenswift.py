@@ -23,7 +23,7 @@ from torch import Tensor
 from .cache import KVCache
 from .config import SpeculationConfig
 from .controller import STEP_KINDS, Controller, StepGate, head_source, lookup_source, ngram_source
-from .decoding import Context, Forward, Timer, forward_counts, forward_stats, prefill, warm_up
+from .decoding import Context, Forward, Timer, forward_counts, forward_stats, prefill, reuse, warm_up
 from .drafting import Draft, Drafter
 from .model import QueryLog, Transformer
 from .ngram import HistoryLookup, NGramTable
@@ -59,11 +59,12 @@ class TokenSwiftDecoder:
     mode = "tokenswift"
 
     def __init__(self, model: Transformer, chooser: TokenChooser, drafter: Drafter, spec: SpeculationConfig,
-                 capacity: int, forward: Forward | None = None) -> None:
+                 capacity: int, forward: Forward | None = None, cache: KVCache | None = None) -> None:
         self.model, self.chooser, self.drafter, self.spec = model, chooser, drafter, spec
         self.forward: Forward = forward or model  # verification forwards (the model, or a static compiled one)
         self._forward_base = forward_counts(self.forward)
-        self.cache = KVCache(model.cfg, capacity + spec.max_nodes(), device=model.device, dtype=model.dtype)
+        rows = capacity + spec.max_nodes()
+        self.cache = reuse(cache, rows) or KVCache(model.cfg, rows, device=model.device, dtype=model.dtype)
         self.context = Context(capacity + spec.max_depth() + 1, model.device)
         self.ngrams = NGramTable(spec.ngram_n)
         self.lookup = HistoryLookup()
