@@ -59,6 +59,8 @@ class CheckConfig:
     replay_tokens: int = 256
     replay_accept: tuple[float, ...] = (0.4, 0.8)
     replay_depth: int = 4
+    identity_tokens: int = 1000
+    compile: bool = True  # False: the static path run eagerly (a quick test of the script itself)
 
 
 @dataclass
@@ -113,7 +115,8 @@ class Check:
                 need = 60 + 8 * self.results["models"][name]["build"]["weights_gb"]  # three prefills of ctx tokens
                 self.part(f"{name}: replay at {ctx}", need, lambda: self._replay(model, static, cache, ctx),
                           self.results["models"][name], "replay")
-        self.part("fp32 identity", 60, lambda: fp32_identity(self.device), self.results, "identity_fp32")
+        self.part("fp32 identity", 60, lambda: fp32_identity(self.device, self.cfg.identity_tokens, self.cfg.compile),
+                  self.results, "identity_fp32")
         for name in self.cfg.models:
             if name in built:
                 hf = built[name][1]
@@ -127,7 +130,7 @@ class Check:
         cache = KVCache(model.cfg, rows, device=self.device, dtype=self.dtype)
         for buf in cache.storage():
             buf.normal_()  # random keys and values: costs per context without a prefill
-        static = StaticForward(model, compiled=True)
+        static = StaticForward(model, compiled=self.cfg.compile)
         cache.length = 8
         seconds = static.warm_up(cache, max(NODES))
         cache.rollback(0)
@@ -297,11 +300,13 @@ def _decode(decoder: Any, prompt: list[int], n: int) -> tuple[list[int], float, 
     return ids[:n], time.perf_counter() - t1, t1 - t0
 
 
-def fp32_identity(device: torch.device, n: int = 1000) -> dict[str, Any]:
+def fp32_identity(device: torch.device, n: int = 1000, compiled: bool = True) -> dict[str, Any]:
     """The embedded model in fp32 on the device: TokenSwift (the device's defaults) vs AR, eager and compiled."""
     from ..api import load
 
     engine = load(device=str(device), dtype="fp32")
+    if not compiled:
+        engine._static = StaticForward(engine.model, compiled=False)
     prompt = "ACT I. SCENE I.\nLondon. A room in the palace.\n"
     ar = engine.generate(prompt, n, ignore_eos=True, mode="ar", compile="off").token_ids
     out = {}
