@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_heads(sub.add_parser("train-heads", help="train TokenSwift draft heads on a frozen base model"))
     _add_export_heads(sub.add_parser("export-heads", help="convert between a released TokenSwift checkpoint's "
                                                           "embedded draft blocks and a heads file"))
+    from .serve.command import add_serve_parser  # the server's flags live with the server
+
+    add_serve_parser(sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API"))
     return parser
 
 
@@ -477,8 +480,14 @@ def _bench_progress(err: TextIO) -> Any:
     return progress
 
 
+def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .serve.command import cmd_serve
+
+    return cmd_serve(args, out, err)
+
+
 COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "bench": cmd_bench, "train-heads": cmd_train_heads,
-            "export-heads": cmd_export_heads}
+            "export-heads": cmd_export_heads, "serve": cmd_serve}
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
