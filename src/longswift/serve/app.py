@@ -9,7 +9,6 @@ response starts only once the worker reports the generation `Started`.
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -123,27 +122,23 @@ async def _collect(job: Job, first: Started, fmt: Formatter, trimmer: StopTrimme
 async def _sse(job: Job, first: Started, fmt: Formatter, trimmer: StopTrimmer) -> AsyncIterator[str]:
     """One `data:` chunk per accepted block (the resumed text of a resumed job first), `[DONE]` at the end."""
     if first.resumed_text and (text := trimmer.feed(first.resumed_text)):
-        yield _data(fmt.chunk(text))
+        yield fmt.chunk_line(text)
     while True:
         event: Event = await job.events.get()
         if isinstance(event, Piece):
             if text := trimmer.feed(event.text):
-                yield _data(fmt.chunk(text))
+                yield fmt.chunk_line(text)
             continue
         if isinstance(event, Finished):
             if tail := trimmer.flush():
-                yield _data(fmt.chunk(tail))
+                yield fmt.chunk_line(tail)
             result = event.result
-            yield _data(fmt.final_chunk(protocol.finish_reason(result.finish_reason, trimmer.stopped),
+            yield protocol.sse(fmt.final_chunk(protocol.finish_reason(result.finish_reason, trimmer.stopped),
                                         protocol.usage(len(result.prompt_ids), len(result.token_ids)), result.stats))
         elif isinstance(event, Failed):
-            yield _data(ApiError(event.status, event.message).body())
+            yield protocol.sse(ApiError(event.status, event.message).body())
         yield "data: [DONE]\n\n"
         return
-
-
-def _data(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
 class _JobStream(StreamingResponse):

@@ -9,6 +9,7 @@ take the server's defaults. Responses carry the TokenSwift statistics in an extr
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import secrets
 import time
@@ -209,6 +210,17 @@ class Formatter:
         self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
         self._first = True
+        self._line: tuple[str, str] | None = None  # an SSE text chunk's line around its text: built once
+
+    def chunk_line(self, text: str) -> str:
+        """`data: <chunk(text)>` as a server-sent event line; after the first, only the text is encoded."""
+        if self._line is None:
+            first = sse(self.chunk(text))
+            mark = "\\u0000"  # how json.dumps writes the NUL placeholder
+            self._line = tuple(sse(self.chunk("\0")).split(mark))  # type: ignore[assignment]
+            return first
+        head, tail = self._line
+        return head + json.dumps(text)[1:-1] + tail
 
     def chunk(self, text: str, finish_reason: str | None = None) -> dict[str, Any]:
         if self.chat:
@@ -233,6 +245,10 @@ class Formatter:
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [choice], "usage": usage,
                 "longswift": stats}
+
+
+def sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
 def finish_reason(longswift_reason: str, trimmed: bool) -> str:
