@@ -27,7 +27,7 @@ import longswift
 from longswift.checkpoint import default_model_dir
 from longswift.cli import main
 from longswift.job import JobState
-from longswift.serve import GenerationDefaults, ServeConfig
+from longswift.serve import ServeConfig
 from longswift.serve.app import create_app
 from longswift.serve.protocol import StopTrimmer
 
@@ -298,8 +298,8 @@ def test_job_resumes_after_the_server_is_killed(tmp_path):
     total, every = 1200, 64
     jobs = tmp_path / "jobs"
     reference = generate_cli(tmp_path, "--max-new-tokens", str(total), "--ignore-eos", "--seed", "5")
-    request = dict(model=MODEL, prompt=PROMPT, max_tokens=total, seed=5,
-                   extra_body={"ignore_eos": True, "job_id": "story-1"})
+    request = {"model": MODEL, "prompt": PROMPT, "max_tokens": total, "seed": 5,
+               "extra_body": {"ignore_eos": True, "job_id": "story-1"}}
     flags = ("--jobs-dir", str(jobs), "--checkpoint-every", str(every))
 
     first = ProcessServer(*flags)

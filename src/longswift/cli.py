@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from .errors import ConfigError, LongswiftError, PromptError, UsageError
+from .serve.command import add_serve_parser, cmd_serve  # FastAPI and uvicorn are imported only by cmd_serve
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -41,8 +42,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_heads(sub.add_parser("train-heads", help="train TokenSwift draft heads on a frozen base model"))
     _add_export_heads(sub.add_parser("export-heads", help="convert between a released TokenSwift checkpoint's "
                                                           "embedded draft blocks and a heads file"))
-    from .serve.command import add_serve_parser  # the server's flags live with the server
-
     add_serve_parser(sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API"))
     return parser
 
@@ -478,12 +477,6 @@ def _bench_progress(err: TextIO) -> Any:
             bar.close()
 
     return progress
-
-
-def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .serve.command import cmd_serve
-
-    return cmd_serve(args, out, err)
 
 
 COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "bench": cmd_bench, "train-heads": cmd_train_heads,

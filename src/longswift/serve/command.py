@@ -95,8 +95,8 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if engine.heads_note:
         err.write(f"longswift: note: {engine.heads_note}\n")
     app = create_app(engine, config)
-    server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
-                                    timeout_graceful_shutdown=30), app.state.worker, err)
+    server = _server_class()(uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
+                                            timeout_graceful_shutdown=30), app.state.worker, err)
     server.run()
     return 0
 
@@ -127,6 +127,3 @@ def _server_class() -> Any:
 
     return Server
 
-
-def _Server(config: Any, worker: Any, err: TextIO) -> Any:  # noqa: N802 - a lazily defined class
-    return _server_class()(config, worker, err)
