@@ -264,6 +264,28 @@ def test_chat_completions_use_the_chat_template(tmp_path):
         server.close()
 
 
+def test_stopping_server_checkpoints_the_running_job(engine, references, tmp_path):
+    """SIGINT/SIGTERM of `longswift serve` call `worker.stop()`: the job stops at its next step with a checkpoint,
+    its client is told so, and a new server resumes it to the uninterrupted text."""
+    config = ServeConfig(model_name=MODEL, jobs_dir=tmp_path, checkpoint_every=10_000)  # only the stop checkpoints
+    request = {"model": MODEL, "prompt": PROMPT, "max_tokens": N, "seed": 7,
+               "extra_body": {"ignore_eos": True, "job_id": "stopped"}}
+    first = ThreadServer(engine, config)
+    try:
+        with pytest.raises(openai.APIError, match="job stopped was checkpointed"):
+            for i, _ in enumerate(first.client().completions.create(**request, stream=True)):
+                if i == 20:
+                    first.app.state.worker.stop()
+    finally:
+        first.close()
+    assert 20 <= len(JobState.load(tmp_path / "stopped.json").generated_ids) < N
+    second = ThreadServer(engine, config)
+    try:
+        assert second.client().completions.create(**request).choices[0].text == references["seeded"]
+    finally:
+        second.close()
+
+
 class ProcessServer:
     """`python -m longswift serve` in a subprocess; `url` once it printed its address."""
 
