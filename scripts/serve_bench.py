@@ -54,7 +54,7 @@ def run_generate(model: list[str], tokens: int, tmp: Path) -> tuple[float, float
             times.setdefault("first", time.perf_counter())
             parts.append(data)
 
-    reader = threading.Thread(target=read_out)
+    reader = threading.Thread(target=read_out, daemon=True)
     reader.start()
     for line in proc.stderr:
         if line.startswith(b"["):  # the summary, written once the job is done

@@ -197,6 +197,13 @@ def test_disconnect_mid_stream_cancels_the_generation(idle, references):
     assert answer.choices[0].text == references["greedy"]  # the freed engine generates as before
 
 
+def test_disconnect_while_waiting_for_a_whole_answer_cancels_it(idle):
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 20_000, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(idle.url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=1.5)
+    idle.wait_idle(timeout=10)
+
+
 @pytest.mark.parametrize("fields,message", [
     ({"model": "gpt-4"}, "unknown model 'gpt-4'"),
     ({"temperature": -1}, "temperature"),
