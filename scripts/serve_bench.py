@@ -96,13 +96,61 @@ def run_raw(url: str, model_name: str, tokens: int) -> tuple[float, float]:
     return tokens / wall, served_rate(final["longswift"])
 
 
+def hand_off(tokens: int, repeats: int) -> None:
+    """Without HTTP: Engine.stream consumed directly vs on a worker thread whose pieces an asyncio loop formats
+    as SSE lines (what the server does between the engine and the socket), interleaved."""
+    import asyncio
+
+    import longswift
+    from longswift.serve.protocol import Formatter
+
+    engine = longswift.load()
+    sampling = longswift.SamplingConfig.paper(temperature=0)
+
+    def rate(stream: longswift.GenerationStream) -> float:
+        s = stream.result.stats
+        return s["new_tokens"] / (s["prefill_s"] + s["decode_s"])
+
+    def direct() -> float:
+        stream = engine.stream(PROMPT, tokens, sampling=sampling, ignore_eos=True)
+        for _ in stream:
+            pass
+        return rate(stream)
+
+    async def threaded() -> float:
+        loop, queue, fmt = asyncio.get_running_loop(), asyncio.Queue(), Formatter(False, "m")
+        stream = engine.stream(PROMPT, tokens, sampling=sampling, ignore_eos=True)
+
+        def work() -> None:
+            for piece in stream:
+                loop.call_soon_threadsafe(queue.put_nowait, piece)
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+
+        thread = threading.Thread(target=work)
+        thread.start()
+        while (piece := await queue.get()) is not None:
+            fmt.chunk_line(piece.text)
+        thread.join()
+        return rate(stream)
+
+    direct()
+    pairs = [(direct(), asyncio.run(threaded())) for _ in range(repeats)]
+    for a, b in pairs:
+        print(f"direct {a:.1f} tok/s, worker thread + event loop {b:.1f} tok/s")
+    print(f"median ratio {statistics.median(b for _, b in pairs) / statistics.median(a for a, _ in pairs):.3f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="model directory (default: the embedded model)")
     p.add_argument("--tokens", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--hand-off", action="store_true", help="only the in-process thread hand-off (no HTTP)")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.hand_off:
+        hand_off(args.tokens, args.repeats)
+        return
     model = ["--model", args.model] if args.model else []
     proc, url = start_server(model)
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=3600)
