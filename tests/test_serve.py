@@ -238,6 +238,10 @@ def test_malformed_oversize_and_unknown_requests(idle):
     assert chunked.status_code == 413  # no Content-Length: counted while reading
     missing = httpx.get(idle.url + "/v1/nothing", headers=headers)
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+    with pytest.raises(openai.BadRequestError, match="exceeds the model's"):  # streamed: refused before the stream
+        idle.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=200_000, stream=True)
+    ids = idle.client().completions.create(model=MODEL, prompt=[11, 12, 13], max_tokens=3)  # token ids as prompt
+    assert ids.usage.prompt_tokens == 3 and ids.usage.completion_tokens == 3
     with pytest.raises(openai.BadRequestError, match="no chat template"):
         idle.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
     assert idle.health()["status"] == "ok"
