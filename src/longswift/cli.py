@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from .errors import ConfigError, LongswiftError, PromptError, UsageError
+from .serve.command import add_serve_parser, cmd_serve  # FastAPI and uvicorn are imported only by cmd_serve
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_heads(sub.add_parser("train-heads", help="train TokenSwift draft heads on a frozen base model"))
     _add_export_heads(sub.add_parser("export-heads", help="convert between a released TokenSwift checkpoint's "
                                                           "embedded draft blocks and a heads file"))
+    add_serve_parser(sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API"))
     return parser
 
 
@@ -499,7 +501,7 @@ def _bench_progress(err: TextIO) -> Any:
 
 
 COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "bench": cmd_bench, "train-heads": cmd_train_heads,
-            "export-heads": cmd_export_heads}
+            "export-heads": cmd_export_heads, "serve": cmd_serve}
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
