@@ -52,6 +52,9 @@ def add_serve_parser(p: argparse.ArgumentParser) -> None:
     d = p.add_argument_group("hardware")
     d.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     d.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto (fp32 on CPU, bf16 on GPU)")
+    d.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                   help="torch.compile the decoding steps (see `longswift generate --help`); compiled at the first "
+                        "request")
 
 
 def serve_config(args: argparse.Namespace, model_dir: Path, embedded: bool) -> ServeConfig:
@@ -91,7 +94,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if model_dir is None:
         raise ConfigError("no --model given and this install has no embedded default model")
     config = serve_config(args, model_dir, embedded=args.model is None)
-    engine = load(model_dir, heads=args.heads, device=args.device, dtype=args.dtype)
+    engine = load(model_dir, heads=args.heads, device=args.device, dtype=args.dtype, compile=args.compile)
     if engine.heads_note:
         err.write(f"longswift: note: {engine.heads_note}\n")
     app = create_app(engine, config)
