@@ -159,8 +159,11 @@ class StaticForward:
         self.cuda_graphs = compiled and model.device.type == "cuda"
         self.graph: Callable[..., Tensor] = static_forward
         if compiled:
-            # Dynamo keys compiled code by the Python function; each model (and T = 1 vs T > 1) is one entry.
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            # Dynamo keys compiled code by the Python function; each model (and T = 1 vs T > 1) is one entry, and
+            # past its limit (8 by default) it would silently run eagerly. (The setting was renamed in torch 2.7.)
+            config = torch._dynamo.config
+            limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+            setattr(config, limit, max(getattr(config, limit), 64))
             self.graph = torch.compile(static_forward, dynamic=True, fullgraph=True,
                                        mode="reduce-overhead" if self.cuda_graphs else None)
         self.compile_s = 0.0
