@@ -190,3 +190,41 @@ def test_no_recompilation_once_warm(compiled_engines):
                                                             candidates="all"))
     assert len(run.stats["verified_nodes"]) >= 4
     assert run.stats["compile"]["recompiles"] == 0 and run.stats["compile"]["compiles"] == 0
+
+
+def test_static_path_over_the_partial_cache_computes_the_eager_drafting_forward(tiny_llama):
+    """The paper's drafting forward goes through the same static path: slots of a ranked partial cache, padded."""
+    from longswift.model import QueryLog
+    from longswift.partial_cache import PartialCache
+
+    model = longswift.load(tiny_llama, heads=False, device="cpu", dtype="fp32").model
+    static = StaticForward(model, compiled=False)
+    ids = torch.arange(120) % model.cfg.vocab_size
+    with torch.inference_mode():
+        full = KVCache(model.cfg, 200)
+        log = QueryLog(row=-1)
+        prefill(model, full, ids, log=log)
+        partials = []
+        for _ in range(2):
+            partial = PartialCache(model.cfg, 48, 4, max_new=6, slack=3)
+            partial.select(full, log)  # ranked: 120 rows > budget 48
+            partials.append(partial)
+        for n in (1, 3, 5, 2):
+            tokens = torch.arange(n)[None] + 7
+            positions = torch.arange(n) + 120
+            want = model(tokens, positions, partials[0])
+            got = static(tokens, positions, partials[1])
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(partials[1].storage()[0][:, :, :, :48], partials[0].storage()[0][:, :, :, :48])
+    assert static.calls == {"static": 4, "eager": 0}
+
+
+def test_partial_drafting_on_the_static_path_equals_ar(tiny_llama):
+    engine = fresh_engine(tiny_llama)
+    engine._static = StaticForward(engine.model, compiled=False)
+    spec = SpeculationConfig(tree=(1, 2, 2), ngram_topk=3, lookup=6, draft="partial", kv_budget=48, sink_tokens=4)
+    ar = engine.generate(PROMPT, 500, sampling=PENALTY, ignore_eos=True, mode="ar", compile="off")
+    ts = engine.generate(PROMPT, 500, sampling=PENALTY, ignore_eos=True, mode="tokenswift", speculation=spec,
+                         compile="on")
+    assert ts.token_ids == ar.token_ids
+    assert ts.stats["partial_cache_selections"] > 1 and ts.stats["compile"]["eager_forwards"] == 0

@@ -216,7 +216,7 @@ class Engine:
         if self.heads is None:
             raise HeadsError("mode tokenswift needs draft heads (--heads FILE); train them with "
                              "`longswift train-heads`")
-        drafter = make_drafter(self.model, self.heads, sampling, spec)
+        drafter = make_drafter(self.model, self.heads, sampling, spec, forward)
         return TokenSwiftDecoder(self.model, chooser, drafter, spec, capacity, forward)
 
     def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:

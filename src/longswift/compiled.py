@@ -36,6 +36,7 @@ from torch.fx.experimental import _config as fx_config
 from .cache import KVCache
 from .errors import ConfigError
 from .model import Cache, QueryLog, Transformer, Visibility
+from .partial_cache import PartialCache
 
 NODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # verification blocks are padded up to one of these node counts
 KEY_GRANULE = 256  # attended rows are a multiple of this, and of 1/8 of their power of two above 2K rows
@@ -173,6 +174,7 @@ class StaticForward:
         self._warm: set[tuple[bool, int | None]] = set()  # graphs warmed up: (multi-node, logged query row)
         self._arange: Tensor | None = None
         self._trees: dict[int, Tensor] = {}
+        self._static_ids: set[int] = set()
 
     def __call__(self, tokens: Tensor, positions: Tensor, cache: Cache, tree_mask: Tensor | None = None,
                  log: QueryLog | None = None) -> Tensor:
@@ -188,8 +190,10 @@ class StaticForward:
         if plan is None:
             self.calls["eager"] += 1
             return self.model(tokens, positions, cache, tree_mask, log=log)
-        assert isinstance(cache, KVCache)
+        assert isinstance(cache, (KVCache, PartialCache))
         padded, keys = plan
+        if self.cuda_graphs:
+            self._mark_static(cache)
         self.calls["static"] += 1
         start = cache.end
         rows = self._rows(cache.capacity)
@@ -226,8 +230,7 @@ class StaticForward:
         """
         t0 = time.perf_counter()
         if self.cuda_graphs:
-            for buf in cache.storage():
-                torch._dynamo.mark_static_address(buf)
+            self._mark_static(cache)
         before = compile_count() if self.compiled else 0
         for n in (1, 2) if max_nodes > 1 else (1,):
             log = QueryLog(log_row) if log_row is not None else None
@@ -253,9 +256,16 @@ class StaticForward:
         self.compile_s += seconds
         return seconds
 
+    def _mark_static(self, cache: KVCache | PartialCache) -> None:
+        """CUDA graphs replay fixed addresses: a cache's storage is marked as such before its first graph."""
+        for buf in cache.storage():
+            if id(buf) not in self._static_ids:
+                torch._dynamo.mark_static_address(buf)
+                self._static_ids.add(id(buf))
+
     def _plan(self, t: int, cache: Cache, log: QueryLog | None) -> tuple[int, int] | None:
         """(padded nodes, attended rows) for a static forward, or None where the eager forward runs."""
-        if not isinstance(cache, KVCache) or cache.batch != 1:
+        if not isinstance(cache, (KVCache, PartialCache)) or cache.batch != 1:
             return None
         padded = node_bucket(t)
         if padded is None or cache.end + padded >= cache.capacity:  # see key_bucket
@@ -263,7 +273,7 @@ class StaticForward:
         if log is not None and not 0 <= log.row < t and not (log.row < 0 and padded == t):
             return None  # the logged row would be a padding row
         window = self.model.cfg.sliding_window
-        if window is not None and cache.end + padded > window:
+        if window is not None and cache.rows_are_positions and cache.end + padded > window:
             return None
         return padded, key_bucket(cache.end + padded, cache.capacity)
 

@@ -17,18 +17,22 @@ Drafts only decide what is verified, never what is emitted (verify.py), so both 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
 
 from .cache import KVCache
+from .compiled import node_bucket
 from .config import SamplingConfig, SpeculationConfig
 from .errors import ConfigError
 from .heads import DraftHeads
 from .model import QueryLog, Transformer
 from .partial_cache import PartialCache
 from .sampling import TokenChooser, apply_penalty
+
+if TYPE_CHECKING:
+    from .decoding import Forward
 
 
 @dataclass(frozen=True)
@@ -76,15 +80,20 @@ class _HeadsTop:
 
 
 class PartialDrafter(_HeadsTop):
-    """The model plus trained draft heads, attending to a partial cache (the paper's drafting forward)."""
+    """The model plus trained draft heads, attending to a partial cache (the paper's drafting forward).
+
+    `forward`: how the drafting forward runs (the model, or the compiled static forward of `--compile on`)."""
 
     def __init__(self, model: Transformer, heads: DraftHeads, sampling: SamplingConfig,
-                 spec: SpeculationConfig) -> None:
+                 spec: SpeculationConfig, forward: Forward | None = None) -> None:
         if len(spec.tree) > heads.meta.gamma + 1:
             raise ConfigError(f"tree {list(spec.tree)} has depth {len(spec.tree)} but the heads give only "
                               f"{heads.meta.gamma + 1} distributions (γ={heads.meta.gamma})")
         super().__init__(model, heads, sampling, spec)
-        self.partial = PartialCache(model.cfg, spec.kv_budget, spec.sink_tokens, max_new=spec.max_depth() + 2,
+        max_new = spec.max_depth() + 2
+        self.forward: Forward = forward or model
+        self.partial = PartialCache(model.cfg, spec.kv_budget, spec.sink_tokens, max_new=max_new,
+                                    slack=(node_bucket(max_new) or max_new) - max_new + 1,  # a padded block fits
                                     device=model.device, dtype=model.dtype)
         self.covered = 0  # decided tokens already fed to the partial cache (or covered by a selection)
 
@@ -106,7 +115,7 @@ class PartialDrafter(_HeadsTop):
             self.covered = full.length
             new = context[self.covered:]
         positions = torch.arange(self.covered, context.shape[0], device=context.device)
-        hidden = self.model(new[None], positions, self.partial)[0, -1]
+        hidden = self.forward(new[None], positions, self.partial)[0, -1]
         self.covered = context.shape[0]
         return self.top(self.heads.logits(self.model, hidden)[: len(self.spec.tree)], context)
 
@@ -138,7 +147,8 @@ class FusedDrafter(_HeadsTop):
 
 
 def make_drafter(model: Transformer, heads: DraftHeads, sampling: SamplingConfig,
-                 spec: SpeculationConfig) -> Drafter:
-    """The drafter `spec.draft` names."""
-    cls = FusedDrafter if spec.draft == "fused" else PartialDrafter
-    return cls(model, heads, sampling, spec)
+                 spec: SpeculationConfig, forward: Forward | None = None) -> Drafter:
+    """The drafter `spec.draft` names; `forward` runs the paper's drafting forward (fused drafting has none)."""
+    if spec.draft == "fused":
+        return FusedDrafter(model, heads, sampling, spec)
+    return PartialDrafter(model, heads, sampling, spec, forward)

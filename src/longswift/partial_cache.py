@@ -29,11 +29,12 @@ class PartialCache:
 
     rows_are_positions = False  # slots hold arbitrary positions, so no position-based masking
 
-    def __init__(self, cfg: ModelConfig, budget: int, sinks: int, *, max_new: int = 64,
+    def __init__(self, cfg: ModelConfig, budget: int, sinks: int, *, max_new: int = 64, slack: int = 0,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+        """`slack`: spare rows past budget + max_new, for static-shape forwards that pad their block (compiled.py)."""
         if not 0 <= sinks < budget:
             raise ValueError(f"need 0 <= sinks < budget, got sinks={sinks}, budget={budget}")
-        shape = (cfg.num_layers, 1, cfg.num_kv_heads, budget + max_new, cfg.head_dim)
+        shape = (cfg.num_layers, 1, cfg.num_kv_heads, budget + max_new + slack, cfg.head_dim)
         self._k = torch.zeros(shape, device=device, dtype=dtype)
         self._v = torch.zeros(shape, device=device, dtype=dtype)
         self.cfg = cfg
@@ -47,6 +48,17 @@ class PartialCache:
     @property
     def end(self) -> int:
         return self.filled
+
+    @property
+    def capacity(self) -> int:
+        return self._k.shape[3]
+
+    batch = 1
+
+    def storage(self) -> tuple[Tensor, Tensor]:
+        """The whole key and value buffers, for static-shape forwards (compiled.py): they write the new rows
+        at [filled, filled + T) as `write` does, and `advance` then moves them into their slots."""
+        return self._k, self._v
 
     def room_for(self, n: int) -> bool:
         """Whether `n` more decided tokens fit without a reselection."""

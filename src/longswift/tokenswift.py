@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from .cache import KVCache
+from .compiled import node_bucket
 from .config import SpeculationConfig
 from .controller import STEP_KINDS, Controller, StepGate, head_source, lookup_source, ngram_source
 from .decoding import Context, Forward, Timer, forward_counts, forward_stats, prefill, reuse, warm_up
@@ -63,7 +64,7 @@ class TokenSwiftDecoder:
         self.model, self.chooser, self.drafter, self.spec = model, chooser, drafter, spec
         self.forward: Forward = forward or model  # verification forwards (the model, or a static compiled one)
         self._forward_base = forward_counts(self.forward)
-        rows = capacity + spec.max_nodes()
+        rows = capacity + (node_bucket(spec.max_nodes()) or spec.max_nodes()) + 1  # room for a padded trie
         self.cache = reuse(cache, rows) or KVCache(model.cfg, rows, device=model.device, dtype=model.dtype)
         self.context = Context(capacity + spec.max_depth() + 1, model.device)
         self.ngrams = NGramTable(spec.ngram_n)
