@@ -7,6 +7,7 @@ and exit status 2, never a traceback; text already generated has been streamed o
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import signal
@@ -204,6 +205,8 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
     d = p.add_argument_group("hardware")
     d.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     d.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto (fp32 on CPU, bf16 on GPU)")
+    d.add_argument("--tp", type=int, default=1, help="tensor-parallel size: split the model over N processes "
+                                                     "started by `torchrun --nproc-per-node N` (default 1)")
 
 
 def _add_speculation(p: argparse.ArgumentParser) -> None:
@@ -281,53 +284,65 @@ def _check_writable(path: Path | None) -> None:
 def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .api import load, resolve_device, resolve_dtype
     from .checkpoint import Checkpoint, default_model_dir
+    from .cli_scale import RankErrors, dry_run, one_group, shared_stop
     from .job import JobState, TextSink, run_job
     from .memory import plan_memory
+    from .parallel import check_split, start
 
-    sampling, speculation = _sampling(args), _speculation(args, args.device)
-    prompt = _read_prompt(args)
-    for path in (args.stats_json, args.output, args.checkpoint):
-        _check_writable(path)
-    if args.resume and args.checkpoint is None:
-        raise ConfigError("--resume needs --checkpoint FILE")
-    resume = JobState.load(args.checkpoint) if args.resume else None
-    model_dir = args.model or default_model_dir()
-    if model_dir is None:
-        raise ConfigError("no --model given and this install has no embedded default model")
-    ckpt = Checkpoint.open(model_dir)
-    device = resolve_device(args.device)
-    prompt_len = len(ckpt.load_tokenizer()(prompt)["input_ids"])
-    plan = plan_memory(ckpt.config, resolve_dtype(args.dtype, device), device, prompt_len, args.max_new_tokens,
-                       None if args.mode == "ar" else speculation)
-    if args.dry_run:
-        out.write(plan.describe() + "\n")
+    with RankErrors(args.tp) as ranks:
+        sampling, speculation = _sampling(args), _speculation(args, args.device)
+        prompt = _read_prompt(args)
+        args.quiet = args.quiet or not ranks.lead  # only the group lead writes (output, stats, checkpoints)
+        for path in (args.stats_json, args.output, args.checkpoint) if ranks.lead else ():
+            _check_writable(path)
+        if args.resume and args.checkpoint is None:
+            raise ConfigError("--resume needs --checkpoint FILE")
+        resume = JobState.load(args.checkpoint) if args.resume and args.tp == 1 else None
+        model_dir = args.model or default_model_dir()
+        if model_dir is None:
+            raise ConfigError("no --model given and this install has no embedded default model")
+        if args.dry_run:
+            out.write(dry_run(args, Path(model_dir), prompt, None if args.mode == "ar" else speculation) + "\n")
+            return 0
+        ckpt = Checkpoint.open(model_dir)
+        check_split(ckpt.config, args.tp)
+        layout = one_group(args.tp)  # torchrun's environment; one tensor-parallel group runs this job
+        device = resolve_device(args.device)
+        prompt_len = len(ckpt.load_tokenizer()(prompt)["input_ids"])
+        plan_memory(ckpt.config, resolve_dtype(args.dtype, device), device, prompt_len, args.max_new_tokens,
+                    None if args.mode == "ar" else speculation, args.tp).check()
+        parallel = ranks.started(start(layout, device))
+        if args.resume and parallel is not None:  # the lead's file; the others receive it
+            resume = parallel.share(lambda: JobState.load(args.checkpoint))
+        engine = load(ckpt.path, heads=args.heads, device=args.device, dtype=args.dtype, tp=parallel or 1)
+        if engine.heads_note and not args.quiet:
+            err.write(f"longswift: note: {engine.heads_note}\n")
+        stream = engine.stream(prompt, args.max_new_tokens, sampling=sampling, seed=args.seed,
+                               stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos, mode=args.mode,
+                               speculation=speculation, resume=resume)
+        lead_out = out if layout.is_lead else io.StringIO()
+        sink = (TextSink.open_file(args.output, resume.text if resume else None) if args.output and layout.is_lead
+                else TextSink(lead_out))
+        progress = _Progress(args, err, stream, already=len(resume.generated_ids) if resume else 0)
+        with _StopOnSignal() as signals:
+            finished = run_job(stream, sink, args.checkpoint if layout.is_lead else None, args.checkpoint_every,
+                               shared_stop(parallel, signals.requested, device), progress.update)
+        progress.close()
+        if args.output is None:
+            lead_out.write("\n")
+        sink.close()
+        if not finished:
+            where = f"; resume with --resume --checkpoint {args.checkpoint}" if args.checkpoint else ""
+            if layout.is_lead:
+                err.write(f"longswift: interrupted after {len(stream.snapshot().generated_ids)} tokens{where}\n")
+            return EXIT_INTERRUPTED
+        result = stream.result
+        assert result is not None
+        if args.stats_json and layout.is_lead:
+            args.stats_json.write_text(json.dumps(result.stats, indent=2) + "\n", encoding="utf-8")
+        if not args.quiet:
+            err.write(_summary(result.stats, result.finish_reason) + "\n")
         return 0
-    plan.check()
-    engine = load(ckpt.path, heads=args.heads, device=args.device, dtype=args.dtype)
-    if engine.heads_note and not args.quiet:
-        err.write(f"longswift: note: {engine.heads_note}\n")
-    stream = engine.stream(prompt, args.max_new_tokens, sampling=sampling, seed=args.seed,
-                           stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos, mode=args.mode,
-                           speculation=speculation, resume=resume)
-    sink = TextSink.open_file(args.output, resume.text if resume else None) if args.output else TextSink(out)
-    progress = _Progress(args, err, stream, already=len(resume.generated_ids) if resume else 0)
-    with _StopOnSignal() as signals:
-        finished = run_job(stream, sink, args.checkpoint, args.checkpoint_every, signals.requested, progress.update)
-    progress.close()
-    if args.output is None:
-        out.write("\n")
-    sink.close()
-    if not finished:
-        where = f"; resume with --resume --checkpoint {args.checkpoint}" if args.checkpoint else ""
-        err.write(f"longswift: interrupted after {len(stream.snapshot().generated_ids)} tokens{where}\n")
-        return EXIT_INTERRUPTED
-    result = stream.result
-    assert result is not None
-    if args.stats_json:
-        args.stats_json.write_text(json.dumps(result.stats, indent=2) + "\n", encoding="utf-8")
-    if not args.quiet:
-        err.write(_summary(result.stats, result.finish_reason) + "\n")
-    return 0
 
 
 def _summary(s: dict[str, Any], finish_reason: str) -> str:
@@ -490,7 +505,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
     except SystemExit as exc:  # argparse --help / --version
         return int(exc.code or 0)
     except LongswiftError as exc:
-        err.write(f"longswift: error: {exc}\n")
+        if not getattr(exc, "silent", False):  # a tensor-parallel rank whose lead prints the same line
+            err.write(f"longswift: error: {exc}\n")
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         err.write("\nlongswift: interrupted\n")
