@@ -35,8 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog="Models: local Hugging Face directories of Llama 2/3.x, Qwen2/2.5, Qwen3 (dense) and "
                             "Mistral; the authors' released TokenSwift checkpoints run as they are (their draft "
                             "heads are detected: no --heads needed).")
+    from .cli_scale import add_generate_batch
+
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_generate(sub.add_parser("generate", help="generate text from a prompt, streaming it to stdout"))
+    batch = sub.add_parser("generate-batch", help="one resumable job per line of a JSONL file, shared out over "
+                                                  "torchrun processes; results in OUT_DIR/results.jsonl")
+    _add_generate(batch, one_prompt=False)
+    add_generate_batch(batch)
     _add_demo(sub.add_parser("demo", help="generate with each method side by side and print the speedup"))
     _add_bench(sub.add_parser("bench", help="benchmark methods side by side; write results, CSV and plots"))
     _add_train_heads(sub.add_parser("train-heads", help="train TokenSwift draft heads on a frozen base model"))
@@ -168,12 +174,14 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0 if report.explained() else 1
 
 
-def _add_generate(p: argparse.ArgumentParser) -> None:
+def _add_generate(p: argparse.ArgumentParser, one_prompt: bool = True) -> None:
+    """generate's options; one_prompt=False leaves out those of a single job (generate-batch has its own)."""
     p.add_argument("--model", help="local Hugging Face model directory (config.json + *.safetensors + tokenizer); "
                                    "default: the embedded demonstration model")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file")
+    if one_prompt:
+        src = p.add_mutually_exclusive_group(required=True)
+        src.add_argument("--prompt", help="prompt text")
+        src.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file")
     p.add_argument("--max-new-tokens", type=int, default=256, help="tokens to generate at most (default 256)")
     p.add_argument("--mode", choices=["auto", "tokenswift", "ar"], default="auto",
                    help="tokenswift, ar, or auto = tokenswift when draft heads are available (default)")
@@ -192,16 +200,18 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("stopping and output")
     o.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     o.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence tokens")
-    o.add_argument("--output", type=Path, help="write the generated text to this file instead of stdout")
-    o.add_argument("--stats-json", type=Path, help="write timing and speculation statistics to this file")
+    if one_prompt:
+        o.add_argument("--output", type=Path, help="write the generated text to this file instead of stdout")
+        o.add_argument("--stats-json", type=Path, help="write timing and speculation statistics to this file")
     o.add_argument("--quiet", action="store_true", help="no progress and no summary on stderr")
     o.add_argument("--log-every", type=int, default=2048,
                    help="progress line every N tokens when stderr is not a terminal (2048)")
     j = p.add_argument_group("long jobs")
-    j.add_argument("--checkpoint", type=Path, help="save the job state here every N tokens and on SIGINT/SIGTERM")
     j.add_argument("--checkpoint-every", type=int, default=2048, help="tokens between checkpoints (2048)")
-    j.add_argument("--resume", action="store_true", help="continue the job saved in --checkpoint")
-    j.add_argument("--dry-run", action="store_true", help="print the memory plan and exit")
+    if one_prompt:
+        j.add_argument("--checkpoint", type=Path, help="save the job state here every N tokens and on SIGINT/SIGTERM")
+        j.add_argument("--resume", action="store_true", help="continue the job saved in --checkpoint")
+        j.add_argument("--dry-run", action="store_true", help="print the memory plan (per rank with --tp) and exit")
     d = p.add_argument_group("hardware")
     d.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     d.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto (fp32 on CPU, bf16 on GPU)")
@@ -492,7 +502,13 @@ def _bench_progress(err: TextIO) -> Any:
     return progress
 
 
-COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "bench": cmd_bench, "train-heads": cmd_train_heads,
+def cmd_generate_batch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .cli_scale import cmd_generate_batch as run
+
+    return run(args, out, err)
+
+
+COMMANDS = {"generate": cmd_generate, "generate-batch": cmd_generate_batch, "demo": cmd_demo, "bench": cmd_bench, "train-heads": cmd_train_heads,
             "export-heads": cmd_export_heads}
 
 
