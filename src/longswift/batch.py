@@ -113,7 +113,7 @@ class BatchRunner:
     def run(self, items: list[BatchItem]) -> bool:
         """Run every job of `items` not yet finished; -> False if interrupted (rerun to resume)."""
         for item in items:
-            if self.decide(lambda: self._result_path(item).exists()):
+            if self.decide(self._result_path(item).exists):
                 continue  # finished in an earlier run: never generated twice
             if item.error is not None:
                 self._finish(item, {"error": item.error})

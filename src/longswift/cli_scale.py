@@ -137,9 +137,9 @@ def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
         parallel = ranks.started(start(layout, device))
         everyone = _everyone(layout)
         engine = load(ckpt.path, heads=args.heads, device=args.device, dtype=args.dtype, tp=parallel or 1)
-        options = BatchOptions(args.max_new_tokens, args.seed, args.checkpoint_every, dict(
-            sampling=sampling, stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos, mode=args.mode,
-            speculation=speculation))
+        options = BatchOptions(args.max_new_tokens, args.seed, args.checkpoint_every, {
+            "sampling": sampling, "stop_strings": tuple(args.stop), "ignore_eos": args.ignore_eos, "mode": args.mode,
+            "speculation": speculation})
         mine = share(items, layout.group_index, layout.groups)
         report = (lambda line: (err.write(line + "\n"), err.flush())) if layout.is_lead and not args.quiet else \
             (lambda line: None)
