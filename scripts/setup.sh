@@ -19,5 +19,5 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     .venv/bin/python -c "import torch" 2>/dev/null || $VPIP install -q torch --index-url "$CPU_INDEX"
   fi
 fi
-$VPIP install -q -e ".[test,bench]" 2>&1 | grep -v '^WARNING' || true
+$VPIP install -q -e ".[test,bench,serve]" 2>&1 | grep -v '^WARNING' || true
 .venv/bin/python -c "import longswift, torch; print(f'longswift {longswift.__version__} ready (torch {torch.__version__})')"

@@ -14,13 +14,14 @@ import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .checkpoint import DTYPES, Checkpoint, default_model_dir, heads_beside
 from .config import SamplingConfig, SpeculationConfig, StopConfig
-from .decoding import ARDecoder, Decoder, drive
+from .compiled import StaticForward, resolve_compile
+from .decoding import ARDecoder, Decoder, Forward, drive
 from .errors import CheckpointError, ConfigError, HeadsError, PromptError, ResumeError
 from .heads import DraftHeads
 from .job import JobState
@@ -28,6 +29,9 @@ from .parallel import TensorParallel
 from .released import load_heads
 from .sampling import TokenChooser
 from .transcript import Piece, Transcript
+
+if TYPE_CHECKING:
+    from .drafting import Drafter
 
 
 @dataclass
@@ -94,7 +98,8 @@ class Engine:
     """
 
     def __init__(self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
-                 heads: str | Path | bool | None = None, parallel: TensorParallel | None = None) -> None:
+                 heads: str | Path | bool | None = None, compile: str = "auto",
+                 parallel: TensorParallel | None = None) -> None:
         from .parallel import load_sharded
 
         self.checkpoint = checkpoint
@@ -112,6 +117,8 @@ class Engine:
         self.heads_fingerprint: str | None = loaded.fingerprint if loaded else None
         self.heads_source: str | None = loaded.source if loaded else None  # a path, or "embedded"
         self.heads_note: str | None = loaded.note if loaded else None  # a heads file overrides embedded blocks
+        self.compile = compile  # the default of `stream(compile=...)`: auto | on | off (compiled.py)
+        self._static: StaticForward | None = None  # the engine's compiled forward, made on first use
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -125,7 +132,8 @@ class Engine:
     def stream(self, prompt: str | list[int], max_new_tokens: int = 256, *, sampling: SamplingConfig | None = None,
                seed: int | None = None, stop_strings: tuple[str, ...] = (), ignore_eos: bool = False,
                mode: str = "auto", speculation: SpeculationConfig | None = None,
-               resume: JobState | None = None, record_margins: bool = False) -> GenerationStream:
+               resume: JobState | None = None, record_margins: bool = False, compile: str | None = None,
+               drafter: Drafter | None = None) -> GenerationStream:
         """Start a generation; iterate the returned stream for text pieces, then read `.result`.
 
         mode: "tokenswift", "ar", or "auto" (TokenSwift when heads are loaded). Both modes emit tokens with the
@@ -133,6 +141,10 @@ class Engine:
         run with the same model, heads, prompt and settings, continued so the output is identical.
         `record_margins`: keep every token's decision margin (`GenerationResult.margins`), to tell a rounding
         near-tie from a mismatch when comparing runs (identity.py).
+        `compile`: "on" runs decoding and verification forwards as compiled static-shape graphs (compiled.py;
+        compiled once per engine, before the clock starts), "off" eagerly, "auto" (default: the engine's
+        `compile`) where that was measured to pay. `drafter`: replaces the heads' drafter (engine measurements
+        with `replay.ReplayDrafter`; drafts never change the output).
         """
         sampling = sampling or SamplingConfig()
         spec = speculation or SpeculationConfig.for_device(self.device.type)
@@ -140,7 +152,8 @@ class Engine:
         prompt_ids = self.encode(prompt)
         self._check_fits(len(prompt_ids), max_new_tokens)
         mode = self._resolve_mode(mode)
-        decoder = self._decoder(mode, sampling, seed, len(prompt_ids) + max_new_tokens, spec, record_margins)
+        decoder = self._decoder(mode, sampling, seed, len(prompt_ids) + max_new_tokens, spec, record_margins,
+                                self._forward(compile or self.compile), drafter)
         transcript = Transcript(self.tokenizer, stop)
         config = _plain({"sampling": asdict(sampling), "stop": asdict(stop),
                          "speculation": asdict(spec) if mode == "tokenswift" else None})
@@ -186,8 +199,21 @@ class Engine:
             raise ConfigError(f"unknown mode {mode!r}; use auto, tokenswift or ar")
         return mode
 
+    def compile_seconds(self) -> float:
+        """Seconds this engine has spent compiling (and warming up) its static forward so far."""
+        return self._static.compile_s if self._static is not None else 0.0
+
+    def _forward(self, choice: str) -> Forward:
+        """The model itself, or the engine's static forward (compiled once, reused by every generation)."""
+        if self.parallel is not None or not resolve_compile(choice, self.device):
+            return self.model  # collectives inside compiled graphs are untested: tensor-parallel runs eagerly
+        if self._static is None:
+            self._static = StaticForward(self.model, compiled=True)
+        return self._static
+
     def _decoder(self, mode: str, sampling: SamplingConfig, seed: int | None, capacity: int,
-                 spec: SpeculationConfig, record_margins: bool = False) -> Decoder:
+                 spec: SpeculationConfig, record_margins: bool = False, forward: Forward | None = None,
+                 drafter: Drafter | None = None) -> Decoder:
         from .drafting import make_drafter
         from .tokenswift import TokenSwiftDecoder
 
@@ -198,12 +224,14 @@ class Engine:
             generator = torch.Generator(self.device).manual_seed(seed)
         chooser = TokenChooser(sampling, generator, record_margins)
         if mode == "ar":
-            return ARDecoder(self.model, chooser, capacity)
+            return ARDecoder(self.model, chooser, capacity, forward)
+        if drafter is not None:
+            return TokenSwiftDecoder(self.model, chooser, drafter, spec, capacity, forward)
         if self.heads is None:
             raise HeadsError("mode tokenswift needs draft heads (--heads FILE); train them with "
                              "`longswift train-heads`")
         drafter = make_drafter(self.model, self.heads, sampling, spec)
-        decoder = TokenSwiftDecoder(self.model, chooser, drafter, spec, capacity)
+        decoder = TokenSwiftDecoder(self.model, chooser, drafter, spec, capacity, forward)
         if self.parallel is not None and spec.candidates == "adaptive":
             # The controller's choices follow measured times, which differ between ranks: all read the lead's clock.
             decoder.timer = self.parallel.shared_timer(self.device)
@@ -219,12 +247,13 @@ class Engine:
 
 
 def load(model: str | Path | None = None, *, heads: str | Path | None | bool = None, device: str = "auto",
-         dtype: str = "auto", tp: int | TensorParallel = 1) -> Engine:
+         dtype: str = "auto", compile: str = "auto", tp: int | TensorParallel = 1) -> Engine:
     """Load a local Hugging Face checkpoint directory (safetensors) and its draft heads.
 
     model None: the embedded demonstration model. heads None: `heads.safetensors` in the model directory if
     present, else the draft blocks embedded in a released TokenSwift checkpoint (config.json `medusa_heads`), if
-    any (either way TokenSwift is then the default mode); False: no heads; a path: that file.
+    any (either way TokenSwift is then the default mode); False: no heads; a path: that file. compile: the
+    engine's default for `stream(compile=...)` (auto | on | off), checked here so a bad value fails before loading.
     tp: tensor-parallel size, in a process started by `torchrun` (every rank calls `load` and then the same
     `generate` / `stream`; torch.distributed is started from torchrun's environment if it is not yet), or a
     `TensorParallel` group from `longswift.parallel.start`.
@@ -237,8 +266,11 @@ def load(model: str | Path | None = None, *, heads: str | Path | None | bool = N
     if heads is None:
         heads = heads_beside(checkpoint.path)
     dev = resolve_device(device)
+    resolve_compile(compile, dev)
+    if compile == "on" and tp != 1:
+        raise ConfigError("--compile on is not supported with tensor parallelism (--tp > 1); use --compile off")
     parallel = tp if isinstance(tp, TensorParallel) else _start_parallel(tp, checkpoint, dev)
-    return Engine(checkpoint, dev, resolve_dtype(dtype, dev), True if heads is None else heads, parallel)
+    return Engine(checkpoint, dev, resolve_dtype(dtype, dev), True if heads is None else heads, compile, parallel)
 
 
 def _start_parallel(tp: int, checkpoint: Checkpoint, device: torch.device) -> TensorParallel | None:
@@ -262,10 +294,10 @@ def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int], res
     decoded in the `decode_s` of this run, so the rate is computed from those.
     """
     times = decoder.timer.totals
-    decode_s = sum(v for k, v in times.items() if k != "prefill")
+    decode_s = sum(v for k, v in times.items() if k not in ("prefill", "compile"))
     n = len(transcript.ids)
     stats = {"mode": decoder.mode, "new_tokens": n, "resumed_tokens": resumed, "prefill_s": times.get("prefill", 0.0),
-             "decode_s": decode_s, "tokens_per_s": (n - resumed) / decode_s if decode_s > 0 else 0.0,
+             "compile_s": times.get("compile", 0.0), "decode_s": decode_s, "tokens_per_s": (n - resumed) / decode_s if decode_s > 0 else 0.0,
              **decoder.stats()}
     if decoder.mode == "tokenswift":
         stats["heads"] = heads  # "embedded" or the heads file: shows which draft heads actually ran

@@ -84,6 +84,15 @@ class KVCache:
         """Forget everything (storage is kept for reuse)."""
         self.length = self.pending = 0
 
+    @property
+    def batch(self) -> int:
+        return self._k.shape[1]
+
+    def storage(self) -> tuple[Tensor, Tensor]:
+        """The whole key and value buffers, (layers, B, Hkv, capacity, D): for static-shape forwards
+        (compiled.py), which write rows by index and mask what they must not see; nothing else should need them."""
+        return self._k, self._v
+
     def rows(self, layer: int) -> tuple[Tensor, Tensor]:
         """Committed keys and values of `layer`, (B, Hkv, length, D) views (read-only by convention)."""
         return self._k[layer, :, :, : self.length], self._v[layer, :, :, : self.length]

@@ -7,6 +7,7 @@ and exit status 2, never a traceback; text already generated has been streamed o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -14,10 +15,12 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from .errors import ConfigError, LongswiftError, PromptError, UsageError
+from .serve.command import add_serve_parser, cmd_serve  # FastAPI and uvicorn are imported only by cmd_serve
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -48,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_heads(sub.add_parser("train-heads", help="train TokenSwift draft heads on a frozen base model"))
     _add_export_heads(sub.add_parser("export-heads", help="convert between a released TokenSwift checkpoint's "
                                                           "embedded draft blocks and a heads file"))
+    add_serve_parser(sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API"))
     return parser
 
 
@@ -217,6 +221,9 @@ def _add_generate(p: argparse.ArgumentParser, one_prompt: bool = True) -> None:
     d.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto (fp32 on CPU, bf16 on GPU)")
     d.add_argument("--tp", type=int, default=1, help="tensor-parallel size: split the model over N processes "
                                                      "started by `torchrun --nproc-per-node N` (default 1)")
+    d.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                   help="compile the decoding and verification steps with torch.compile (static shapes; CUDA graphs "
+                        "on GPUs); auto = where measured to pay (default; currently nowhere, see BENCHMARKS.md)")
 
 
 def _add_speculation(p: argparse.ArgumentParser) -> None:
@@ -324,12 +331,14 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         parallel = ranks.started(start(layout, device))
         if args.resume and parallel is not None:  # the lead's file; the others receive it
             resume = parallel.share(lambda: JobState.load(args.checkpoint))
-        engine = load(ckpt.path, heads=args.heads, device=args.device, dtype=args.dtype, tp=parallel or 1)
+        engine = load(ckpt.path, heads=args.heads, device=args.device, dtype=args.dtype, compile=args.compile,
+                      tp=parallel or 1)
         if engine.heads_note and not args.quiet:
             err.write(f"longswift: note: {engine.heads_note}\n")
-        stream = engine.stream(prompt, args.max_new_tokens, sampling=sampling, seed=args.seed,
-                               stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos, mode=args.mode,
-                               speculation=speculation, resume=resume)
+        with _compiling(engine, err if not args.quiet else None):
+            stream = engine.stream(prompt, args.max_new_tokens, sampling=sampling, seed=args.seed,
+                                   stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos, mode=args.mode,
+                                   speculation=speculation, resume=resume)
         lead_out = out if layout.is_lead else io.StringIO()
         sink = (TextSink.open_file(args.output, resume.text if resume else None) if args.output and layout.is_lead
                 else TextSink(lead_out))
@@ -353,6 +362,21 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if not args.quiet:
             err.write(_summary(result.stats, result.finish_reason) + "\n")
         return 0
+
+
+@contextlib.contextmanager
+def _compiling(engine: Any, err: TextIO | None) -> Iterator[None]:
+    """Say that the (slow, one-off) compilation runs, and how long it took, around starting a compiled job."""
+    from .compiled import resolve_compile
+
+    if err is None or not resolve_compile(engine.compile, engine.device):
+        yield
+        return
+    err.write("longswift: compiling the decoding steps (torch.compile, once per process, before timing) ...\n")
+    err.flush()
+    before = engine.compile_seconds()
+    yield
+    err.write(f"longswift: compiled in {engine.compile_seconds() - before:.0f} s\n")
 
 
 def _summary(s: dict[str, Any], finish_reason: str) -> str:
@@ -508,8 +532,8 @@ def cmd_generate_batch(args: argparse.Namespace, out: TextIO, err: TextIO) -> in
     return run(args, out, err)
 
 
-COMMANDS = {"generate": cmd_generate, "generate-batch": cmd_generate_batch, "demo": cmd_demo, "bench": cmd_bench, "train-heads": cmd_train_heads,
-            "export-heads": cmd_export_heads}
+COMMANDS = {"generate": cmd_generate, "generate-batch": cmd_generate_batch, "demo": cmd_demo, "bench": cmd_bench,
+            "train-heads": cmd_train_heads, "export-heads": cmd_export_heads, "serve": cmd_serve}
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:

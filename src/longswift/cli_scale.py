@@ -80,7 +80,8 @@ def dry_run(args: argparse.Namespace, model_dir: Path, prompt: str, spec: Specul
     plan = plan_memory(cfg, dtype, device, prompt_len, args.max_new_tokens, spec, args.tp)
     sizes = [n for n in valid_splits(cfg) if n & (n - 1) == 0]  # powers of two: GPUs per machine
     return "\n".join([plan.describe(), fits_table(cfg, dtype, device, prompt_len, args.max_new_tokens, spec, sizes),
-                      f"  (prompt: {note}; embeddings are {_embedding_share(cfg):.1%} of the weights, split by vocabulary)"])
+                      f"  (prompt: {note}; embeddings are {_embedding_share(cfg):.1%} of the weights, split by "
+                      "vocabulary)"])
 
 
 def _prompt_tokens(model_dir: Path, prompt: str) -> tuple[int, str]:
@@ -136,7 +137,8 @@ def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
             check_out_dir(args.out_dir)
         parallel = ranks.started(start(layout, device))
         everyone = _everyone(layout)
-        engine = load(ckpt.path, heads=args.heads, device=args.device, dtype=args.dtype, tp=parallel or 1)
+        engine = load(ckpt.path, heads=args.heads, device=args.device, dtype=args.dtype, compile=args.compile,
+                      tp=parallel or 1)
         options = BatchOptions(args.max_new_tokens, args.seed, args.checkpoint_every, {
             "sampling": sampling, "stop_strings": tuple(args.stop), "ignore_eos": args.ignore_eos, "mode": args.mode,
             "speculation": speculation})

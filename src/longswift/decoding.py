@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .cache import KVCache
+from .compiled import StaticForward
 from .model import Cache, QueryLog, Transformer
 from .sampling import TokenChooser
 from .transcript import Piece, Transcript
@@ -90,6 +91,46 @@ class Timer:
         return t
 
 
+class Forward(Protocol):
+    """A forward over a cache with the model's call signature: the model itself, or compiled.StaticForward."""
+
+    def __call__(self, tokens: Tensor, positions: Tensor, cache: Cache, tree_mask: Tensor | None = None,
+                 log: QueryLog | None = None) -> Tensor: ...
+
+
+def reuse(cache: KVCache | None, capacity: int) -> KVCache | None:
+    """`cache` emptied for a new generation, if given; it must hold `capacity` rows."""
+    if cache is None:
+        return None
+    if cache.capacity < capacity:
+        raise ValueError(f"a reused cache of {cache.capacity} rows cannot hold {capacity}")
+    cache.reset()
+    return cache
+
+
+def warm_up(forward: Forward, cache: KVCache, max_nodes: int, timer: Timer, since: float,
+            log_row: int | None = None) -> None:
+    """Compile a static forward's graphs before decoding is timed (its seconds go to the `compile` split)."""
+    if isinstance(forward, StaticForward):
+        forward.warm_up(cache, max_nodes, log_row)
+        timer.add("compile", since, sync=True)
+
+
+def forward_counts(forward: Forward) -> dict[str, Any]:
+    """A static forward's running counts (it serves every generation of an engine); {} for the plain model."""
+    return forward.stats() if isinstance(forward, StaticForward) else {}
+
+
+def forward_stats(forward: Forward, since: dict[str, Any]) -> dict[str, Any]:
+    """What a static forward did since `since` (its counts when the decoder was made): graphs compiled,
+    recompilations, eager fallbacks. {} for the plain model."""
+    if not isinstance(forward, StaticForward):
+        return {}
+    now = forward.stats()
+    return {"compile": {k: (round(v - since[k], 3) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+                        for k, v in now.items()}}
+
+
 class Decoder(Protocol):
     timer: Timer
     mode: str
@@ -107,10 +148,15 @@ class ARDecoder:
 
     mode = "ar"
 
-    def __init__(self, model: Transformer, chooser: TokenChooser, capacity: int) -> None:
+    def __init__(self, model: Transformer, chooser: TokenChooser, capacity: int,
+                 forward: Forward | None = None, cache: KVCache | None = None) -> None:
+        """`cache`: reuse this (empty, large enough) cache instead of allocating one, e.g. to keep a compiled
+        forward's CUDA graphs, which are recorded for one storage address."""
         self.model = model
+        self.forward: Forward = forward or model
+        self._forward_base = forward_counts(self.forward)
         self.chooser = chooser
-        self.cache = KVCache(model.cfg, capacity, device=model.device, dtype=model.dtype)
+        self.cache = reuse(cache, capacity) or KVCache(model.cfg, capacity, device=model.device, dtype=model.dtype)
         self.context = Context(capacity, model.device)
         self.timer = Timer(model.device)
         self._positions = torch.arange(capacity, device=model.device)
@@ -123,7 +169,8 @@ class ARDecoder:
         self.context.extend(prompt_ids)
         hidden = prefill(self.model, self.cache, self.context.ids())
         self._logits = self.model.logits(hidden)
-        self.timer.add("prefill", t0, sync=True)
+        t1 = self.timer.add("prefill", t0, sync=True)
+        warm_up(self.forward, self.cache, 1, self.timer, t1)
 
     @torch.inference_mode()
     def step(self) -> list[int]:
@@ -131,7 +178,7 @@ class ARDecoder:
         if self._unfed is not None:
             pos = self.context.length - 1
             tokens = self.context.ids()[pos:][None]  # already on the device: no host-to-device copy
-            hidden = self.model(tokens, self._positions[pos: pos + 1], self.cache)
+            hidden = self.forward(tokens, self._positions[pos: pos + 1], self.cache)
             self.cache.commit()
             self._logits = self.model.logits(hidden[0, -1])
         token = self.chooser.choose(self._logits, self.context.ids())
@@ -141,7 +188,7 @@ class ARDecoder:
         return [token]
 
     def stats(self) -> dict[str, Any]:
-        return {}
+        return forward_stats(self.forward, self._forward_base)
 
 
 def drive(decoder: Decoder, transcript: Transcript) -> Iterator[Piece]:

@@ -234,16 +234,18 @@ class Transformer(nn.Module):
         return self.lm_head.weight.dtype
 
     def forward(self, tokens: Tensor, positions: Tensor, cache: Cache, tree_mask: Tensor | None = None,
-                log: QueryLog | None = None) -> Tensor:
+                log: QueryLog | None = None, vis: Visibility | None = None) -> Tensor:
         """tokens (B, T), positions (T,) -> hidden (B, T, hidden) before the final norm.
 
         Cached rows are all visible (subject to a sliding window); among the T new tokens attention is causal,
         or follows `tree_mask` (T, T) bool True=attend when the new tokens form a candidate tree (every node
-        must see itself). `log`, if given, receives each layer's query at `log.row`.
+        must see itself). `log`, if given, receives each layer's query at `log.row`. `vis`, if given, replaces
+        that rule: static-shape forwards (compiled.py) compute it from tensors instead of Python lengths.
         """
         x = self.model.embed_tokens(tokens)
         rope = rope_tables(self.inv_freq, self.rope_scaling, positions, x.dtype)
-        vis = self.visibility(positions, cache, tree_mask, x.dtype)
+        if vis is None:
+            vis = self.visibility(positions, cache, tree_mask, x.dtype)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, rope, cache, i, vis, log)
         cache.advance(tokens.shape[1])

@@ -23,7 +23,7 @@ from torch import Tensor
 from .cache import KVCache
 from .config import SpeculationConfig
 from .controller import STEP_KINDS, Controller, StepGate, head_source, lookup_source, ngram_source
-from .decoding import Context, Timer, prefill
+from .decoding import Context, Forward, Timer, forward_counts, forward_stats, prefill, reuse, warm_up
 from .drafting import Draft, Drafter
 from .model import QueryLog, Transformer
 from .ngram import HistoryLookup, NGramTable
@@ -59,9 +59,12 @@ class TokenSwiftDecoder:
     mode = "tokenswift"
 
     def __init__(self, model: Transformer, chooser: TokenChooser, drafter: Drafter, spec: SpeculationConfig,
-                 capacity: int) -> None:
+                 capacity: int, forward: Forward | None = None, cache: KVCache | None = None) -> None:
         self.model, self.chooser, self.drafter, self.spec = model, chooser, drafter, spec
-        self.cache = KVCache(model.cfg, capacity + spec.max_nodes(), device=model.device, dtype=model.dtype)
+        self.forward: Forward = forward or model  # verification forwards (the model, or a static compiled one)
+        self._forward_base = forward_counts(self.forward)
+        rows = capacity + spec.max_nodes()
+        self.cache = reuse(cache, rows) or KVCache(model.cfg, rows, device=model.device, dtype=model.dtype)
         self.context = Context(capacity + spec.max_depth() + 1, model.device)
         self.ngrams = NGramTable(spec.ngram_n)
         self.lookup = HistoryLookup()
@@ -89,7 +92,9 @@ class TokenSwiftDecoder:
             self.drafter.observe(prefill(self.model, self.cache, self.context.ids()[:-1], log=self.log))
         self.ngrams.add(prompt_ids)
         self.drafter.start(self.cache, self.log)
-        self.timer.add("prefill", t0, sync=True)
+        t1 = self.timer.add("prefill", t0, sync=True)
+        warm_up(self.forward, self.cache, self.spec.max_nodes(), self.timer, t1,
+                log_row=0 if self.spec.draft == "partial" else None)
 
     @torch.inference_mode()
     def step(self) -> list[int]:
@@ -160,7 +165,7 @@ class TokenSwiftDecoder:
         positions = torch.arange(n, device=device) + self.context.length - 1
         mask = torch.ones(n, n, dtype=torch.bool, device=device).tril()
         t0 = self.timer.now(sync=True)
-        NodeLogits(self.model, self.model(tokens, positions, self.cache, mask)[0])
+        NodeLogits(self.model, self.forward(tokens, positions, self.cache, mask)[0])
         seconds = self.timer.now(sync=True) - t0
         self.cache.rollback()
         return seconds
@@ -172,11 +177,11 @@ class TokenSwiftDecoder:
         # Only the paper's drafter reads the root's queries (to select its partial cache at the next reselection).
         self.log = QueryLog(row=0) if self.spec.draft == "partial" else None
         if len(trie) == 1:  # the root alone is a plain AR step: same inputs, no mask, no host-to-device copies
-            return self.model(self.context.ids()[root:][None], self._positions[root: root + 1], self.cache,
-                              log=self.log)[0]
+            return self.forward(self.context.ids()[root:][None], self._positions[root: root + 1], self.cache,
+                                log=self.log)[0]
         tokens = torch.tensor([trie.tokens], device=device)
         positions = trie.positions(root, device)
-        return self.model(tokens, positions, self.cache, trie.mask(device), log=self.log)[0]
+        return self.forward(tokens, positions, self.cache, trie.mask(device), log=self.log)[0]
 
     def _context(self, trie: Trie, node: int) -> Tensor:
         """Decided ids followed by the candidate tokens on the path to `node`: what AR would have seen there."""
@@ -224,4 +229,5 @@ class TokenSwiftDecoder:
                 "measured_step_ms": 1000 * self.measured_s / steps,
                 "calibrations": self.controller.calibrations,
                 "calibrate_s": self.timer.totals.get("calibrate", 0.0),
-                "hindsight_acceptance": self.controller.acceptance_summary()}
+                "hindsight_acceptance": self.controller.acceptance_summary(),
+                **forward_stats(self.forward, self._forward_base)}

@@ -29,6 +29,17 @@ class Method:
     lookup_tokens: int = 10  # hf-lookup: prompt_lookup_num_tokens
     lookup_ngram: int = 2  # hf-lookup: max_matching_ngram_size
     attention: str = "auto"  # tokenswift: "dense" forces the dense-bias attention path (the pre-cascade reference)
+    compile: str = "auto"  # engine kinds: compiled static-shape forwards (auto | on | off, compiled.py)
+    replay: Replay | None = None  # tokenswift: the synthetic replay drafter instead of the heads (replay.py)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """`tokenswift:drafter=replay,accept=A,depth=D`: a chain of D tokens of the AR output, each right with
+    probability A. Synthetic: it measures the engine at a chosen acceptance, never a real speedup."""
+
+    accept: float = 0.8
+    depth: int = 4
 
 
 _TOKENSWIFT_KEYS = {"tree": "tree", "k": "ngram_topk", "ngram_topk": "ngram_topk", "budget": "kv_budget",
@@ -71,16 +82,50 @@ def _method(group: list[str]) -> Method:
         raise ConfigError(f"unknown method {kind!r}; use {', '.join(METHOD_KINDS)}")
     options = _options([first, *group[1:]] if first or len(group) > 1 else [], group[0])
     name = ",".join(group)
+    if kind in ENGINE_KINDS:
+        compile_ = options.pop("compile", "auto")
+        if compile_ not in ("auto", "on", "off"):
+            raise ConfigError(f"option compile={compile_!r} in {name!r}: use auto, on or off")
     if kind == "ar":
         if options:
-            raise ConfigError(f"method ar takes no options, got {sorted(options)}")
-        return Method(name, kind)
+            raise ConfigError(f"method ar takes only the option compile, got {sorted(options)}")
+        return Method(name, kind, compile=compile_)
     if kind == "tokenswift":  # plain `tokenswift`: the engine's defaults for its device (SpeculationConfig.for_device)
         attention = options.pop("attn", "auto")
         if attention not in ("auto", "dense"):
             raise ConfigError(f"option attn={attention!r} in {name!r}: use auto or dense")
-        return Method(name, kind, speculation=_speculation(options, name) if options else None, attention=attention)
+        replay = _replay(options, name)
+        if replay is not None:
+            spec = SpeculationConfig(draft="fused", tree=(1,) * replay.depth, ngram_topk=0, lookup=0,
+                                     candidates=options.pop("cand", "all"))
+            if options:
+                raise ConfigError(f"drafter=replay in {name!r} takes accept, depth, cand, attn and compile; "
+                                  f"got {sorted(options)}")
+            return Method(name, kind, speculation=spec, attention=attention, compile=compile_, replay=replay)
+        return Method(name, kind, speculation=_speculation(options, name) if options else None, attention=attention,
+                      compile=compile_)
     return _hf_method(name, kind, options)
+
+
+def _replay(options: dict[str, str], name: str) -> Replay | None:
+    """Pop drafter=replay and its accept/depth options; None for the heads' drafter."""
+    drafter = options.pop("drafter", "heads")
+    if drafter == "heads":
+        if "accept" in options or "depth" in options:
+            raise ConfigError(f"accept and depth in {name!r} go with drafter=replay")
+        return None
+    if drafter != "replay":
+        raise ConfigError(f"option drafter={drafter!r} in {name!r}: use heads or replay")
+    try:
+        accept = float(options.pop("accept", "0.8"))
+    except ValueError:
+        raise ConfigError(f"option accept in {name!r} is not a number") from None
+    if not 0.0 <= accept <= 1.0:
+        raise ConfigError(f"option accept={accept} in {name!r}: use a probability in [0, 1]")
+    depth = _int(options.pop("depth", "4"), "depth", name)
+    if not 1 <= depth <= 64:
+        raise ConfigError(f"option depth={depth} in {name!r}: use 1..64")
+    return Replay(accept, depth)
 
 
 def _options(fragments: list[str], spec: str) -> dict[str, str]:
@@ -100,7 +145,7 @@ def _speculation(options: dict[str, str], name: str) -> SpeculationConfig:
     for key, raw in options.items():
         if key not in _TOKENSWIFT_KEYS:
             raise ConfigError(f"unknown tokenswift option {key!r} in {name!r}; "
-                              "use tree, k, budget, sink, n, draft, cand, lookup, attn")
+                              "use tree, k, budget, sink, n, draft, cand, lookup, attn, compile, drafter")
         target = _TOKENSWIFT_KEYS[key]
         if target in values:
             raise ConfigError(f"option {target} given twice in {name!r}")

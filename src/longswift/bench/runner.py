@@ -20,6 +20,7 @@ from ..config import SpeculationConfig
 from ..errors import CheckpointError, ConfigError, PromptError
 from ..identity import near_tie_bound
 from ..profile import run_profile
+from ..replay import ReplayDrafter
 from .config import BenchConfig
 from .hf import _load_hf, _quiet_transformers, _StreamMarks, hf_cache_kwargs, hf_processing
 from .methods import HF_KINDS, Method
@@ -129,6 +130,8 @@ class _Runner:
         self.engine, self.cfg, self.hf_model = engine, cfg, hf_model
         self.device = engine.device
         self.margins: dict[str, list[float] | None] = {}  # the last run's decision margins, by method name
+        # AR outputs by (prompt, length): what the replay drafter proposes (identical settings give identical ids)
+        self.references: dict[tuple[tuple[int, ...], int], list[int]] = {}
 
     def now(self) -> float:
         if self.device.type == "cuda":
@@ -150,6 +153,8 @@ class _Runner:
             obs = self._generate(method, prompt, n, lambda tokens: track.tokens(method, n, repeat, tokens))
         track.finished(method, n, repeat)
         self.margins[method.name] = obs.margins
+        if method.kind == "ar":
+            self.references[(tuple(prompt), n)] = list(prompt) + list(obs.ids)
         return _record(method, n, repeat, obs, memory.peak_mb, self.cfg.curve_points), obs.ids
 
     def _generate(self, method: Method, prompt: list[int], n: int, tick: Callable[[int], None]) -> _Observation:
@@ -164,7 +169,8 @@ class _Runner:
     def _engine_run(self, method: Method, prompt: list[int], n: int, tick: Callable[[int], None]) -> _Observation:
         # stream() runs the prefill before returning; decoding starts with the first next().
         stream = self.engine.stream(prompt, n, sampling=self.cfg.sampling, seed=self.cfg.seed, ignore_eos=True,
-                                    mode=method.kind, speculation=method.speculation, record_margins=True)
+                                    mode=method.kind, speculation=method.speculation, record_margins=True,
+                                    compile=method.compile, drafter=self._replay(method, prompt, n))
         marks, count = [], 0
         t0 = self.now()
         for piece in stream:
@@ -175,6 +181,19 @@ class _Runner:
         result = stream.result
         assert result is not None
         return _Observation(result.token_ids, result.stats["prefill_s"], marks, dict(result.stats), result.margins)
+
+    def _replay(self, method: Method, prompt: list[int], n: int) -> ReplayDrafter | None:
+        """The replay drafter for a synthetic method, over the AR output of this prompt and length (generated
+        untimed here when no `ar` method ran it first)."""
+        if method.replay is None:
+            return None
+        key = (tuple(prompt), n)
+        if key not in self.references:
+            result = self.engine.generate(prompt, n, sampling=self.cfg.sampling, seed=self.cfg.seed, ignore_eos=True,
+                                          mode="ar")
+            self.references[key] = list(prompt) + result.token_ids
+        return ReplayDrafter(self.references[key], method.replay.accept, method.replay.depth,
+                             self.engine.model.cfg.vocab_size, seed=self.cfg.seed)
 
     def _hf(self, method: Method, prompt: list[int], n: int, tick: Callable[[int], None],
             cache_len: int) -> _Observation:

@@ -1,0 +1,132 @@
+"""The `longswift serve` subcommand: flags -> `ServeConfig`, load the engine, run uvicorn.
+
+Registered from `cli.py`; FastAPI and uvicorn are imported only when the command runs, so the rest of the CLI
+works without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..errors import ConfigError
+from .config import GenerationDefaults, ServeConfig
+
+
+def add_serve_parser(p: argparse.ArgumentParser) -> None:
+    from ..cli import _add_speculation
+
+    p.add_argument("--model", help="local Hugging Face model directory (default: the embedded demonstration model)")
+    n = p.add_argument_group("server")
+    n.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    n.add_argument("--port", type=int, default=8000, help="port to listen on; 0 = any free port (default 8000)")
+    n.add_argument("--served-model-name", help="the model id clients pass (default: the model directory's name, "
+                                               "'longswift-default' for the embedded model)")
+    n.add_argument("--api-key", default=os.environ.get("LONGSWIFT_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $LONGSWIFT_API_KEY, else none)")
+    n.add_argument("--max-queue", type=int, default=8,
+                   help="requests that may wait while one generates; beyond that 429 (default 8)")
+    n.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024,
+                   help="larger request bodies get 413 (default 8 MiB)")
+    n.add_argument("--jobs-dir", type=Path, help="where requests naming a job_id keep their checkpoints "
+                                                 "(default: none, job_id is refused)")
+    n.add_argument("--checkpoint-every", type=int, default=2048, help="tokens between job checkpoints (2048)")
+    n.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level (default info)")
+    g = p.add_argument_group("generation defaults (a request's own fields win)")
+    g.add_argument("--max-tokens", type=int, default=256, help="tokens when a request gives no max_tokens (256)")
+    g.add_argument("--mode", choices=["auto", "tokenswift", "ar"], default="auto",
+                   help="tokenswift, ar, or auto = tokenswift when draft heads are available (default)")
+    g.add_argument("--greedy", action="store_true", help="greedy decoding by default (same as --temperature 0)")
+    g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
+    g.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
+    g.add_argument("--top-p", type=float, default=1.0, help="1 = off (default)")
+    g.add_argument("--min-p", type=float, default=0.1, help="(default 0.1)")
+    g.add_argument("--eta", type=float, default=0.0, help="0 = off (default)")
+    g.add_argument("--repetition-penalty", type=float, default=1.2, help="1 = off (default 1.2)")
+    g.add_argument("--penalty-window", type=int, default=1024, help="0 = whole context (default 1024)")
+    g.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence tokens")
+    _add_speculation(p)
+    d = p.add_argument_group("hardware")
+    d.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    d.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto (fp32 on CPU, bf16 on GPU)")
+    d.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                   help="torch.compile the decoding steps (see `longswift generate --help`); compiled at the first "
+                        "request")
+
+
+def serve_config(args: argparse.Namespace, model_dir: Path, embedded: bool) -> ServeConfig:
+    from ..cli import _speculation
+    from ..config import SamplingConfig
+
+    sampling = SamplingConfig(temperature=0.0 if args.greedy else args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                              eta=args.eta, repetition_penalty=args.repetition_penalty,
+                              penalty_window=args.penalty_window)
+    defaults = GenerationDefaults(args.max_tokens, sampling, args.mode, args.ignore_eos,
+                                  _speculation(args, args.device))
+    name = args.served_model_name or ("longswift-default" if embedded else model_dir.resolve().name)
+    if args.jobs_dir is not None:
+        try:
+            args.jobs_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create --jobs-dir {args.jobs_dir}: {exc.strerror}") from None
+        if not os.access(args.jobs_dir, os.W_OK):
+            raise ConfigError(f"cannot write --jobs-dir {args.jobs_dir}")
+    return ServeConfig(host=args.host, port=args.port, model_name=name, api_key=args.api_key or None,
+                       max_queue=args.max_queue, max_request_bytes=args.max_request_bytes, jobs_dir=args.jobs_dir,
+                       checkpoint_every=args.checkpoint_every, defaults=defaults)
+
+
+def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        import uvicorn
+
+        from .app import create_app
+    except ImportError as exc:
+        raise ConfigError(f"longswift serve needs FastAPI and uvicorn ({exc.name} is missing): "
+                          "pip install 'longswift[serve]'") from None
+    from ..api import load
+    from ..checkpoint import default_model_dir
+
+    model_dir = Path(args.model) if args.model else default_model_dir()
+    if model_dir is None:
+        raise ConfigError("no --model given and this install has no embedded default model")
+    config = serve_config(args, model_dir, embedded=args.model is None)
+    engine = load(model_dir, heads=args.heads, device=args.device, dtype=args.dtype, compile=args.compile)
+    if engine.heads_note:
+        err.write(f"longswift: note: {engine.heads_note}\n")
+    app = create_app(engine, config)
+    server = _server_class()(uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
+                                            timeout_graceful_shutdown=30), app.state.worker, err)
+    server.run()
+    return 0
+
+
+def _server_class() -> Any:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, which also stops the running generation (checkpointing a job) on SIGINT/SIGTERM and
+        prints the address it bound (useful with --port 0)."""
+
+        def __init__(self, config: Any, worker: Any, err: TextIO) -> None:
+            super().__init__(config)
+            self.worker, self.err = worker, err
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            self.worker.stop()
+            super().handle_exit(sig, frame)
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            for server in self.servers:
+                for sock in server.sockets:
+                    host, port = sock.getsockname()[:2]
+                    self.err.write(f"longswift serve: ready on http://{host}:{port} "
+                                   f"(model {self.worker.config.model_name})\n")
+                    self.err.flush()
+
+    return Server
+

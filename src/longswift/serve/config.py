@@ -1,0 +1,47 @@
+"""The server's settings: frozen dataclasses built from `longswift serve` flags (or directly, in Python)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import SamplingConfig, SpeculationConfig
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """What a request gets for each field it leaves out."""
+
+    max_tokens: int = 256
+    sampling: SamplingConfig = field(default_factory=SamplingConfig.paper)  # the paper's long-generation settings
+    mode: str = "auto"  # auto | tokenswift | ar
+    ignore_eos: bool = False
+    speculation: SpeculationConfig | None = None  # None: the device's defaults (SpeculationConfig.for_device)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Where the server listens and how it admits requests."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_name: str = "longswift"  # the id clients pass as `model` and `/v1/models` lists
+    api_key: str | None = None  # when set, /v1/* needs `Authorization: Bearer <key>` (else 401)
+    max_queue: int = 8  # requests that may wait while one generates; more get 429
+    max_request_bytes: int = 8 * 1024 * 1024  # larger bodies get 413
+    jobs_dir: Path | None = None  # where `job_id` requests keep their checkpoints; None: job_id is refused
+    checkpoint_every: int = 2048  # tokens between checkpoints of a `job_id` request
+    defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
+
+    def __post_init__(self) -> None:
+        if self.max_queue < 0:
+            raise ConfigError(f"max-queue must be >= 0, got {self.max_queue}")
+        if self.max_request_bytes < 1024:
+            raise ConfigError(f"max-request-bytes must be >= 1024, got {self.max_request_bytes}")
+        if self.checkpoint_every < 1:
+            raise ConfigError(f"checkpoint-every must be >= 1, got {self.checkpoint_every}")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in [0, 65535], got {self.port}")
+        if self.defaults.max_tokens < 1:
+            raise ConfigError(f"max-tokens must be >= 1, got {self.defaults.max_tokens}")

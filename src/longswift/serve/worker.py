@@ -1,0 +1,176 @@
+"""One generation at a time: the thread that owns the engine, the bounded queue in front of it, cancellation,
+and the checkpoints of `job_id` requests.
+
+TokenSwift accelerates batch size 1, and the engine's caches belong to one job, so every generation runs on a
+single worker thread; the HTTP event loop only admits requests and forwards events. A job's events (`Started`,
+then `Piece`s, then `Finished` or `Failed`) cross to the event loop through `loop.call_soon_threadsafe`.
+Cancellation (a client gone, the server stopping) is checked between pieces, i.e. at the next decoding step; the
+stream and its caches are dropped before the job's slot is released, and the slot is released before the final
+event is sent, so a client that has read its answer can be served again at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..api import Engine, GenerationResult
+from ..errors import LongswiftError, NumericalError, PromptError
+from ..job import JobState
+from ..transcript import Piece
+from .config import ServeConfig
+from .protocol import ApiError, GenerationRequest
+
+
+@dataclass
+class Started:
+    """The prompt fitted and prefill ran; `resumed_text` is what a resumed job had generated before."""
+
+    resumed_text: str
+
+
+@dataclass
+class Finished:
+    result: GenerationResult
+
+
+@dataclass
+class Failed:
+    status: int
+    message: str
+
+
+Event = Started | Piece | Finished | Failed
+CANCELLED = Failed(499, "the client disconnected; the generation was cancelled")  # nobody reads it
+
+
+class Job:
+    """A request admitted to the worker: its events arrive on `events`; `cancel()` stops it at the next step."""
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
+        self.request = request
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self._loop = loop
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def send(self, event: Event) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop has closed (server exiting): nobody is listening any more
+            pass
+
+
+class Worker:
+    """Admits at most 1 running + `max_queue` waiting jobs and runs them in order on one thread."""
+
+    def __init__(self, engine: Engine, config: ServeConfig) -> None:
+        self.engine, self.config = engine, config
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="longswift-generate")
+        self._lock = threading.Lock()
+        self._admitted = 0  # running + waiting
+        self._running = 0
+        self._stopping = threading.Event()
+
+    def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> Job:
+        if request.job_id is not None and self.config.jobs_dir is None:
+            raise ApiError(400, "job_id needs a server started with --jobs-dir DIR", param="job_id")
+        with self._lock:
+            if self._stopping.is_set():
+                raise ApiError(503, "the server is shutting down")
+            if self._admitted >= 1 + self.config.max_queue:
+                raise ApiError(429, f"server busy: one generation is running and {self._admitted - 1} requests are "
+                                    f"waiting (queue size {self.config.max_queue}); retry later", code="server_busy")
+            self._admitted += 1
+        job = Job(request, loop)
+        self._executor.submit(self._run, job)
+        return job
+
+    def status(self) -> dict[str, int]:
+        with self._lock:
+            return {"running": self._running, "queued": self._admitted - self._running,
+                    "max_queue": self.config.max_queue}
+
+    def stop(self) -> None:
+        """Ask the running job to stop at its next step (checkpointing a `job_id` job); refuse new ones."""
+        self._stopping.set()
+
+    def shutdown(self) -> None:
+        self.stop()
+        self._executor.shutdown(wait=True)
+
+    def _run(self, job: Job) -> None:
+        with self._lock:
+            self._running += 1
+        final: Event = CANCELLED
+        try:
+            if self._stopping.is_set():
+                final = Failed(503, "the server is shutting down")
+            elif not job.cancelled.is_set():
+                final = self._generate(job)
+        except NumericalError as exc:
+            final = Failed(500, str(exc))
+        except LongswiftError as exc:
+            final = Failed(400, str(exc))
+        except Exception as exc:  # a bug in longswift: logged here in full, answered in one line, server goes on
+            traceback.print_exc(file=sys.stderr)
+            final = Failed(500, f"internal error ({type(exc).__name__}); see the server log")
+        finally:
+            with self._lock:
+                self._running -= 1
+                self._admitted -= 1
+        job.send(final)  # always one final event, so no handler waits for ever
+
+    def _generate(self, job: Job) -> Event:
+        """Run the job; -> its final event."""
+        req = job.request
+        path = self._job_path(req.job_id)
+        resume = JobState.load(path) if path is not None and path.exists() else None
+        prompt = req.prompt if req.messages is None else self._chat_prompt(req.messages)
+        assert prompt is not None
+        stream = self.engine.stream(prompt, req.max_tokens, sampling=req.sampling, seed=req.seed,
+                                    stop_strings=req.stop, ignore_eos=req.ignore_eos, mode=req.mode,
+                                    speculation=self.config.defaults.speculation, resume=resume)
+        job.send(Started(resume.text if resume is not None else ""))
+        since = 0
+        for piece in stream:
+            job.send(piece)
+            since += len(piece.token_ids)
+            stop = job.cancelled.is_set() or self._stopping.is_set()
+            if path is not None and (stop or since >= self.config.checkpoint_every):
+                stream.snapshot().save(path)
+                since = 0
+            if stop:
+                return Failed(503, _stopped_message(req.job_id)) if self._stopping.is_set() else CANCELLED
+        if path is not None:
+            stream.snapshot().save(path)  # a finished job: repeating the request returns the same text at once
+        assert stream.result is not None
+        return Finished(stream.result)
+
+    def _job_path(self, job_id: str | None) -> Path | None:
+        if job_id is None or self.config.jobs_dir is None:
+            return None
+        return self.config.jobs_dir / f"{job_id}.json"
+
+    def _chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        tokenizer: Any = self.engine.tokenizer
+        try:
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # the template's own checks (roles, order) raise arbitrary errors
+            raise PromptError(f"the chat template refused the messages: {exc}") from None
+        # The template writes any BOS itself; encoding it again with special tokens would double it.
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _stopped_message(job_id: str | None) -> str:
+    if job_id is None:
+        return "the server is shutting down; the generation was stopped"
+    return f"the server is shutting down; job {job_id} was checkpointed: repeat the request to resume it"
