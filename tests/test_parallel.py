@@ -241,3 +241,16 @@ def test_batch_with_tp2_groups_equals_one_process(tiny_llama, tmp_path):
     for line in lines:
         if "output" in line:
             assert (out / line["output"]).read_bytes() == (ref / line["output"]).read_bytes(), line["id"]
+
+
+def test_an_uneven_vocabulary_is_padded_on_the_last_rank(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    weight = torch.arange(15, dtype=torch.float32).reshape(5, 3)  # 5 rows over 2 ranks: 3 + 2 (+ 1 zero row)
+    save_file({"lm_head.weight": weight}, str(tmp_path / "w.safetensors"))
+    with safe_open(str(tmp_path / "w.safetensors"), framework="pt") as f:
+        parts = [_shard("lm_head.weight", f.get_slice("lm_head.weight"), TensorParallel(2, r, lead=0))
+                 for r in range(2)]
+    assert [tuple(p.shape) for p in parts] == [(3, 3), (3, 3)]
+    assert torch.equal(torch.cat(parts)[:5], weight) and not parts[1][2].any()
