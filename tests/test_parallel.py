@@ -35,7 +35,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1",
        "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")])}
 PROMPT = "It was the best of times"
 CASES = [{"mode": "ar", "sample": False, "n": 500}, {"mode": "tokenswift", "sample": False, "n": 500},
-         {"mode": "tokenswift", "sample": True, "n": 300, "seed": 3}, {"mode": "ar", "sample": True, "n": 200, "seed": 4}]
+         {"mode": "tokenswift", "sample": True, "n": 300, "seed": 3},
+         {"mode": "ar", "sample": True, "n": 200, "seed": 4}]
 
 
 def torchrun(*argv: str, n: int = 2) -> list[str]:
@@ -94,8 +95,8 @@ def test_invalid_splits_are_refused_before_loading(tiny_llama, tmp_path):
     assert valid_splits(Checkpoint.open(tiny_llama).config) == [1, 2]  # 6 heads, 2 KV heads
     err = io.StringIO()
     code = main(["generate", "--model", str(tiny_llama), "--prompt", "x", "--tp", "4"], err=err)
-    assert code == 2 and err.getvalue().startswith("longswift: error: --tp 4 cannot split this model: "
-                                                   "num_attention_heads=6 is not divisible by 4; valid --tp values: 1, 2")
+    assert code == 2 and err.getvalue() == ("longswift: error: --tp 4 cannot split this model: num_attention_heads=6 "
+                                            "is not divisible by 4; valid --tp values: 1, 2\n")
     err = io.StringIO()
     code = main(["generate", "--model", str(tiny_llama), "--prompt", "x", "--tp", "2"], err=err)
     assert code == 2 and "needs a multiple of 2 processes" in err.getvalue() and "torchrun" in err.getvalue()
