@@ -25,6 +25,7 @@ from .decoding import ARDecoder, Decoder, Forward, drive
 from .errors import CheckpointError, ConfigError, HeadsError, PromptError, ResumeError
 from .heads import DraftHeads
 from .job import JobState
+from .parallel import TensorParallel
 from .released import load_heads
 from .sampling import TokenChooser
 from .transcript import Piece, Transcript
@@ -90,14 +91,23 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 class Engine:
-    """A loaded model with its tokenizer; runs generation jobs."""
+    """A loaded model with its tokenizer; runs generation jobs.
+
+    `parallel`: this rank's tensor-parallel group (`longswift.parallel`); the model then holds this rank's shard
+    of every large weight, and every rank of the group must make the same calls in the same order.
+    """
 
     def __init__(self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
-                 heads: str | Path | bool | None = None, compile: str = "auto") -> None:
+                 heads: str | Path | bool | None = None, compile: str = "auto",
+                 parallel: TensorParallel | None = None) -> None:
+        from .parallel import load_sharded
+
         self.checkpoint = checkpoint
         self.device = device
         self.dtype = dtype
-        self.model = checkpoint.load_model(device, dtype)
+        self.parallel = parallel
+        self.model = (load_sharded(checkpoint, parallel, device, dtype) if parallel is not None
+                      else checkpoint.load_model(device, dtype))
         self.tokenizer = checkpoint.load_tokenizer()
         self.eos_token_ids = checkpoint.eos_token_ids() or _tokenizer_eos(self.tokenizer)
         self.fingerprint = checkpoint.fingerprint()  # reads the stored LM head: once, not per snapshot
@@ -147,6 +157,8 @@ class Engine:
         transcript = Transcript(self.tokenizer, stop)
         config = _plain({"sampling": asdict(sampling), "stop": asdict(stop),
                          "speculation": asdict(spec) if mode == "tokenswift" else None})
+        if self.parallel is not None:  # rounding differs between split sizes, so a job resumes at its own
+            config["tp"] = self.parallel.size
 
         def snapshot() -> JobState:
             rng = decoder.chooser.generator
@@ -193,8 +205,8 @@ class Engine:
 
     def _forward(self, choice: str) -> Forward:
         """The model itself, or the engine's static forward (compiled once, reused by every generation)."""
-        if not resolve_compile(choice, self.device):
-            return self.model
+        if self.parallel is not None or not resolve_compile(choice, self.device):
+            return self.model  # collectives inside compiled graphs are untested: tensor-parallel runs eagerly
         if self._static is None:
             self._static = StaticForward(self.model, compiled=True)
         return self._static
@@ -207,7 +219,9 @@ class Engine:
 
         generator = None
         if not sampling.greedy:
-            generator = torch.Generator(self.device).manual_seed(seed if seed is not None else _random_seed())
+            if seed is None:  # every rank of a tensor-parallel group must draw the same numbers
+                seed = self.parallel.broadcast_object(_random_seed()) if self.parallel else _random_seed()
+            generator = torch.Generator(self.device).manual_seed(seed)
         chooser = TokenChooser(sampling, generator, record_margins)
         if mode == "ar":
             return ARDecoder(self.model, chooser, capacity, forward)
@@ -217,7 +231,11 @@ class Engine:
             raise HeadsError("mode tokenswift needs draft heads (--heads FILE); train them with "
                              "`longswift train-heads`")
         drafter = make_drafter(self.model, self.heads, sampling, spec, forward)
-        return TokenSwiftDecoder(self.model, chooser, drafter, spec, capacity, forward)
+        decoder = TokenSwiftDecoder(self.model, chooser, drafter, spec, capacity, forward)
+        if self.parallel is not None and spec.candidates == "adaptive":
+            # The controller's choices follow measured times, which differ between ranks: all read the lead's clock.
+            decoder.timer = self.parallel.shared_timer(self.device)
+        return decoder
 
     def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
         limit = self.model.cfg.max_position_embeddings
@@ -229,13 +247,16 @@ class Engine:
 
 
 def load(model: str | Path | None = None, *, heads: str | Path | None | bool = None, device: str = "auto",
-         dtype: str = "auto", compile: str = "auto") -> Engine:
+         dtype: str = "auto", compile: str = "auto", tp: int | TensorParallel = 1) -> Engine:
     """Load a local Hugging Face checkpoint directory (safetensors) and its draft heads.
 
     model None: the embedded demonstration model. heads None: `heads.safetensors` in the model directory if
     present, else the draft blocks embedded in a released TokenSwift checkpoint (config.json `medusa_heads`), if
     any (either way TokenSwift is then the default mode); False: no heads; a path: that file. compile: the
     engine's default for `stream(compile=...)` (auto | on | off), checked here so a bad value fails before loading.
+    tp: tensor-parallel size, in a process started by `torchrun` (every rank calls `load` and then the same
+    `generate` / `stream`; torch.distributed is started from torchrun's environment if it is not yet), or a
+    `TensorParallel` group from `longswift.parallel.start`.
     """
     if model is None:
         model = default_model_dir()
@@ -246,7 +267,23 @@ def load(model: str | Path | None = None, *, heads: str | Path | None | bool = N
         heads = heads_beside(checkpoint.path)
     dev = resolve_device(device)
     resolve_compile(compile, dev)
-    return Engine(checkpoint, dev, resolve_dtype(dtype, dev), True if heads is None else heads, compile)
+    if compile == "on" and tp != 1:
+        raise ConfigError("--compile on is not supported with tensor parallelism (--tp > 1); use --compile off")
+    parallel = tp if isinstance(tp, TensorParallel) else _start_parallel(tp, checkpoint, dev)
+    return Engine(checkpoint, dev, resolve_dtype(dtype, dev), True if heads is None else heads, compile, parallel)
+
+
+def _start_parallel(tp: int, checkpoint: Checkpoint, device: torch.device) -> TensorParallel | None:
+    from .parallel import check_split, layout_from_env, start
+
+    if tp == 1:
+        return None
+    check_split(checkpoint.config, tp)  # before any process group is started or any weight read
+    layout = layout_from_env(tp)
+    if layout.groups != 1:
+        raise ConfigError(f"load(tp={tp}) runs one model over all {layout.world} processes; start "
+                          f"{tp} or use longswift.parallel.start for several groups")
+    return start(layout, device)
 
 
 def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int], resumed: int = 0,

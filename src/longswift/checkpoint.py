@@ -131,6 +131,14 @@ class Checkpoint:
         return names
 
 
+def read_config(path: str | Path) -> ModelConfig:
+    """The model's shape from config.json alone (no weights needed: a job can be planned before a download)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"model directory not found: {root}")
+    return ModelConfig.from_dict(_read_json(root / "config.json", "config.json"))
+
+
 HEADS_FILE = "heads.safetensors"
 # The authors' released checkpoints (TokenSwift-Llama-3.1-8B, ...) keep their draft blocks beside the base weights
 # under this prefix; they are not part of the base model (see `released.py`).

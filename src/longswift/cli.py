@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import signal
@@ -37,8 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog="Models: local Hugging Face directories of Llama 2/3.x, Qwen2/2.5, Qwen3 (dense) and "
                             "Mistral; the authors' released TokenSwift checkpoints run as they are (their draft "
                             "heads are detected: no --heads needed).")
+    from .cli_scale import add_generate_batch
+
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_generate(sub.add_parser("generate", help="generate text from a prompt, streaming it to stdout"))
+    batch = sub.add_parser("generate-batch", help="one resumable job per line of a JSONL file, shared out over "
+                                                  "torchrun processes; results in OUT_DIR/results.jsonl")
+    _add_generate(batch, one_prompt=False)
+    add_generate_batch(batch)
     _add_demo(sub.add_parser("demo", help="generate with each method side by side and print the speedup"))
     _add_bench(sub.add_parser("bench", help="benchmark methods side by side; write results, CSV and plots"))
     _add_train_heads(sub.add_parser("train-heads", help="train TokenSwift draft heads on a frozen base model"))
@@ -171,12 +178,14 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0 if report.explained() else 1
 
 
-def _add_generate(p: argparse.ArgumentParser) -> None:
+def _add_generate(p: argparse.ArgumentParser, one_prompt: bool = True) -> None:
+    """generate's options; one_prompt=False leaves out those of a single job (generate-batch has its own)."""
     p.add_argument("--model", help="local Hugging Face model directory (config.json + *.safetensors + tokenizer); "
                                    "default: the embedded demonstration model")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file")
+    if one_prompt:
+        src = p.add_mutually_exclusive_group(required=True)
+        src.add_argument("--prompt", help="prompt text")
+        src.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file")
     p.add_argument("--max-new-tokens", type=int, default=256, help="tokens to generate at most (default 256)")
     p.add_argument("--mode", choices=["auto", "tokenswift", "ar"], default="auto",
                    help="tokenswift, ar, or auto = tokenswift when draft heads are available (default)")
@@ -195,19 +204,23 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("stopping and output")
     o.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     o.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence tokens")
-    o.add_argument("--output", type=Path, help="write the generated text to this file instead of stdout")
-    o.add_argument("--stats-json", type=Path, help="write timing and speculation statistics to this file")
+    if one_prompt:
+        o.add_argument("--output", type=Path, help="write the generated text to this file instead of stdout")
+        o.add_argument("--stats-json", type=Path, help="write timing and speculation statistics to this file")
     o.add_argument("--quiet", action="store_true", help="no progress and no summary on stderr")
     o.add_argument("--log-every", type=int, default=2048,
                    help="progress line every N tokens when stderr is not a terminal (2048)")
     j = p.add_argument_group("long jobs")
-    j.add_argument("--checkpoint", type=Path, help="save the job state here every N tokens and on SIGINT/SIGTERM")
     j.add_argument("--checkpoint-every", type=int, default=2048, help="tokens between checkpoints (2048)")
-    j.add_argument("--resume", action="store_true", help="continue the job saved in --checkpoint")
-    j.add_argument("--dry-run", action="store_true", help="print the memory plan and exit")
+    if one_prompt:
+        j.add_argument("--checkpoint", type=Path, help="save the job state here every N tokens and on SIGINT/SIGTERM")
+        j.add_argument("--resume", action="store_true", help="continue the job saved in --checkpoint")
+        j.add_argument("--dry-run", action="store_true", help="print the memory plan (per rank with --tp) and exit")
     d = p.add_argument_group("hardware")
     d.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     d.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto (fp32 on CPU, bf16 on GPU)")
+    d.add_argument("--tp", type=int, default=1, help="tensor-parallel size: split the model over N processes "
+                                                     "started by `torchrun --nproc-per-node N` (default 1)")
     d.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                    help="compile the decoding and verification steps with torch.compile (static shapes; CUDA graphs "
                         "on GPUs); auto = where measured to pay (default; currently nowhere, see BENCHMARKS.md)")
@@ -288,54 +301,67 @@ def _check_writable(path: Path | None) -> None:
 def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .api import load, resolve_device, resolve_dtype
     from .checkpoint import Checkpoint, default_model_dir
+    from .cli_scale import RankErrors, dry_run, one_group, shared_stop
     from .job import JobState, TextSink, run_job
     from .memory import plan_memory
+    from .parallel import check_split, start
 
-    sampling, speculation = _sampling(args), _speculation(args, args.device)
-    prompt = _read_prompt(args)
-    for path in (args.stats_json, args.output, args.checkpoint):
-        _check_writable(path)
-    if args.resume and args.checkpoint is None:
-        raise ConfigError("--resume needs --checkpoint FILE")
-    resume = JobState.load(args.checkpoint) if args.resume else None
-    model_dir = args.model or default_model_dir()
-    if model_dir is None:
-        raise ConfigError("no --model given and this install has no embedded default model")
-    ckpt = Checkpoint.open(model_dir)
-    device = resolve_device(args.device)
-    prompt_len = len(ckpt.load_tokenizer()(prompt)["input_ids"])
-    plan = plan_memory(ckpt.config, resolve_dtype(args.dtype, device), device, prompt_len, args.max_new_tokens,
-                       None if args.mode == "ar" else speculation)
-    if args.dry_run:
-        out.write(plan.describe() + "\n")
+    with RankErrors(args.tp) as ranks:
+        sampling, speculation = _sampling(args), _speculation(args, args.device)
+        prompt = _read_prompt(args)
+        args.quiet = args.quiet or not ranks.lead  # only the group lead writes (output, stats, checkpoints)
+        for path in (args.stats_json, args.output, args.checkpoint) if ranks.lead else ():
+            _check_writable(path)
+        if args.resume and args.checkpoint is None:
+            raise ConfigError("--resume needs --checkpoint FILE")
+        resume = JobState.load(args.checkpoint) if args.resume and args.tp == 1 else None
+        model_dir = args.model or default_model_dir()
+        if model_dir is None:
+            raise ConfigError("no --model given and this install has no embedded default model")
+        if args.dry_run:
+            out.write(dry_run(args, Path(model_dir), prompt, None if args.mode == "ar" else speculation) + "\n")
+            return 0
+        ckpt = Checkpoint.open(model_dir)
+        check_split(ckpt.config, args.tp)
+        layout = one_group(args.tp)  # torchrun's environment; one tensor-parallel group runs this job
+        device = resolve_device(args.device)
+        prompt_len = len(ckpt.load_tokenizer()(prompt)["input_ids"])
+        plan_memory(ckpt.config, resolve_dtype(args.dtype, device), device, prompt_len, args.max_new_tokens,
+                    None if args.mode == "ar" else speculation, args.tp).check()
+        parallel = ranks.started(start(layout, device))
+        if args.resume and parallel is not None:  # the lead's file; the others receive it
+            resume = parallel.share(lambda: JobState.load(args.checkpoint))
+        engine = load(ckpt.path, heads=args.heads, device=args.device, dtype=args.dtype, compile=args.compile,
+                      tp=parallel or 1)
+        if engine.heads_note and not args.quiet:
+            err.write(f"longswift: note: {engine.heads_note}\n")
+        with _compiling(engine, err if not args.quiet else None):
+            stream = engine.stream(prompt, args.max_new_tokens, sampling=sampling, seed=args.seed,
+                                   stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos, mode=args.mode,
+                                   speculation=speculation, resume=resume)
+        lead_out = out if layout.is_lead else io.StringIO()
+        sink = (TextSink.open_file(args.output, resume.text if resume else None) if args.output and layout.is_lead
+                else TextSink(lead_out))
+        progress = _Progress(args, err, stream, already=len(resume.generated_ids) if resume else 0)
+        with _StopOnSignal() as signals:
+            finished = run_job(stream, sink, args.checkpoint if layout.is_lead else None, args.checkpoint_every,
+                               shared_stop(parallel, signals.requested, device), progress.update)
+        progress.close()
+        if args.output is None:
+            lead_out.write("\n")
+        sink.close()
+        if not finished:
+            where = f"; resume with --resume --checkpoint {args.checkpoint}" if args.checkpoint else ""
+            if layout.is_lead:
+                err.write(f"longswift: interrupted after {len(stream.snapshot().generated_ids)} tokens{where}\n")
+            return EXIT_INTERRUPTED
+        result = stream.result
+        assert result is not None
+        if args.stats_json and layout.is_lead:
+            args.stats_json.write_text(json.dumps(result.stats, indent=2) + "\n", encoding="utf-8")
+        if not args.quiet:
+            err.write(_summary(result.stats, result.finish_reason) + "\n")
         return 0
-    plan.check()
-    engine = load(ckpt.path, heads=args.heads, device=args.device, dtype=args.dtype, compile=args.compile)
-    if engine.heads_note and not args.quiet:
-        err.write(f"longswift: note: {engine.heads_note}\n")
-    with _compiling(engine, err if not args.quiet else None):
-        stream = engine.stream(prompt, args.max_new_tokens, sampling=sampling, seed=args.seed,
-                               stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos, mode=args.mode,
-                               speculation=speculation, resume=resume)
-    sink = TextSink.open_file(args.output, resume.text if resume else None) if args.output else TextSink(out)
-    progress = _Progress(args, err, stream, already=len(resume.generated_ids) if resume else 0)
-    with _StopOnSignal() as signals:
-        finished = run_job(stream, sink, args.checkpoint, args.checkpoint_every, signals.requested, progress.update)
-    progress.close()
-    if args.output is None:
-        out.write("\n")
-    sink.close()
-    if not finished:
-        where = f"; resume with --resume --checkpoint {args.checkpoint}" if args.checkpoint else ""
-        err.write(f"longswift: interrupted after {len(stream.snapshot().generated_ids)} tokens{where}\n")
-        return EXIT_INTERRUPTED
-    result = stream.result
-    assert result is not None
-    if args.stats_json:
-        args.stats_json.write_text(json.dumps(result.stats, indent=2) + "\n", encoding="utf-8")
-    if not args.quiet:
-        err.write(_summary(result.stats, result.finish_reason) + "\n")
-    return 0
 
 
 @contextlib.contextmanager
@@ -500,8 +526,14 @@ def _bench_progress(err: TextIO) -> Any:
     return progress
 
 
-COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "bench": cmd_bench, "train-heads": cmd_train_heads,
-            "export-heads": cmd_export_heads, "serve": cmd_serve}
+def cmd_generate_batch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .cli_scale import cmd_generate_batch as run
+
+    return run(args, out, err)
+
+
+COMMANDS = {"generate": cmd_generate, "generate-batch": cmd_generate_batch, "demo": cmd_demo, "bench": cmd_bench,
+            "train-heads": cmd_train_heads, "export-heads": cmd_export_heads, "serve": cmd_serve}
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -513,7 +545,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
     except SystemExit as exc:  # argparse --help / --version
         return int(exc.code or 0)
     except LongswiftError as exc:
-        err.write(f"longswift: error: {exc}\n")
+        if not getattr(exc, "silent", False):  # a tensor-parallel rank whose lead prints the same line
+            err.write(f"longswift: error: {exc}\n")
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         err.write("\nlongswift: interrupted\n")

@@ -68,9 +68,13 @@ class JobState:
                                   f"({getattr(self, name)} != {getattr(other, name)})")
         if self.prompt_ids != other.prompt_ids:
             raise ResumeError("checkpoint was made with another prompt")
+        saved_tp, this_tp = self.config.get("tp", 1), other.config.get("tp", 1)
+        if saved_tp != this_tp:  # another split rounds differently, so the continuation would not be the same run
+            raise ResumeError(f"checkpoint was written at tensor-parallel size {saved_tp} but this run has --tp "
+                              f"{this_tp}; resume it with --tp {saved_tp}")
         # Speculation settings only choose which candidates are verified, never the tokens, so a job may resume
         # with others (e.g. after a change of device defaults).
-        for key in sorted((set(self.config) | set(other.config)) - {"speculation"}):
+        for key in sorted((set(self.config) | set(other.config)) - {"speculation", "tp"}):
             if self.config.get(key) != other.config.get(key):
                 raise ResumeError(f"checkpoint was made with {key}={self.config.get(key)!r}, "
                                   f"this run has {key}={other.config.get(key)!r}")
