@@ -52,23 +52,7 @@ class Checkpoint:
         """Build the model on the meta device, then assign the checkpoint's tensors (no random init, no copy)."""
         with torch.device("meta"):
             model = Transformer(self.config)
-        state = self.read_tensors(_is_base_weight, device, dtype)
-        expected = set(model.state_dict())
-        if self.config.tie_word_embeddings:
-            expected.discard("lm_head.weight")
-            state.pop("lm_head.weight", None)
-        missing, unexpected = expected - set(state), set(state) - expected
-        if missing or unexpected:
-            detail = f"missing {sorted(missing)[:3]}" if missing else f"unexpected {sorted(unexpected)[:3]}"
-            raise CheckpointError(f"weights in {self.path} do not match config.json: {detail}")
-        try:
-            model.load_state_dict(state, strict=False, assign=True)
-        except RuntimeError as exc:
-            raise CheckpointError(f"weights in {self.path} do not match config.json: {str(exc).splitlines()[-1]}")
-        if self.config.tie_word_embeddings:
-            model.lm_head.weight = model.model.embed_tokens.weight
-        model.setup_rope(device)
-        return model.eval().requires_grad_(False)
+        return assign_weights(model, self.read_tensors(_is_base_weight, device, dtype), self.path, device)
 
     def fingerprint(self) -> str:
         """A short hash that identifies this base model to its draft heads, whatever dtype it is loaded in.
@@ -204,3 +188,27 @@ def root_json(path: Path) -> dict[str, Any]:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def assign_weights(model: Transformer, state: dict[str, torch.Tensor], source: Path,
+                   device: torch.device | str) -> Transformer:
+    """Give a model built on the meta device exactly the tensors of `state` (no copy), tie the LM head when the
+    config says so, and set up RoPE on `device`. A missing or unexpected name is a CheckpointError naming `source`
+    (whole checkpoints and tensor-parallel shards alike)."""
+    tied = model.cfg.tie_word_embeddings
+    expected = set(model.state_dict())
+    if tied:
+        expected.discard("lm_head.weight")
+        state.pop("lm_head.weight", None)
+    missing, unexpected = expected - set(state), set(state) - expected
+    if missing or unexpected:
+        detail = f"missing {sorted(missing)[:3]}" if missing else f"unexpected {sorted(unexpected)[:3]}"
+        raise CheckpointError(f"weights in {source} do not match config.json: {detail}")
+    try:
+        model.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as exc:
+        raise CheckpointError(f"weights in {source} do not match config.json: {str(exc).splitlines()[-1]}") from None
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.setup_rope(device)
+    return model.eval().requires_grad_(False)

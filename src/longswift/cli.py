@@ -7,18 +7,15 @@ and exit status 2, never a traceback; text already generated has been streamed o
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import json
 import os
-import signal
 import sys
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from .cli_job import Progress, StopOnSignal, compiling, summary
+from .cli_options import add_hardware, add_sampling, add_speculation, sampling_from, speculation_from
 from .errors import ConfigError, LongswiftError, PromptError, UsageError
 from .serve.command import add_serve_parser, cmd_serve  # FastAPI and uvicorn are imported only by cmd_serve
 
@@ -145,7 +142,7 @@ def _add_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=2048, help="tokens per method (default 2048)")
     p.add_argument("--methods", default=None,
                    help="comma-separated from ar, tokenswift, hf (default: ar,tokenswift with heads, else ar,hf)")
-    _add_speculation(p)
+    add_speculation(p)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto")
 
@@ -157,7 +154,7 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .api import load
     from .demo import run_demo
 
-    speculation = _speculation(args, args.device)
+    speculation = speculation_from(args, args.device)
     engine = load(args.model, heads=args.heads, device=args.device, dtype=args.dtype)
     default = "ar,tokenswift" if engine.heads is not None else "ar,hf"
     methods = tuple(m.strip() for m in (args.methods or default).split(",") if m.strip())
@@ -189,17 +186,8 @@ def _add_generate(p: argparse.ArgumentParser, one_prompt: bool = True) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256, help="tokens to generate at most (default 256)")
     p.add_argument("--mode", choices=["auto", "tokenswift", "ar"], default="auto",
                    help="tokenswift, ar, or auto = tokenswift when draft heads are available (default)")
-    _add_speculation(p)
-    s = p.add_argument_group("sampling (defaults: the TokenSwift paper's long-generation settings)")
-    s.add_argument("--greedy", action="store_true", help="greedy decoding (same as --temperature 0)")
-    s.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
-    s.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = off (default)")
-    s.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 = off (default)")
-    s.add_argument("--min-p", type=float, default=0.1, help="drop tokens below min-p x the top probability (0.1)")
-    s.add_argument("--eta", type=float, default=0.0, help="eta-sampling epsilon; 0 = off (default)")
-    s.add_argument("--repetition-penalty", type=float, default=1.2, help="penalty on recent tokens; 1 = off (1.2)")
-    s.add_argument("--penalty-window", type=int, default=1024,
-                   help="the penalty looks at the last W tokens, prompt included; 0 = whole context (1024)")
+    add_speculation(p)
+    s = add_sampling(p)
     s.add_argument("--seed", type=int, default=None, help="seed of the sampling generator (default: random)")
     o = p.add_argument_group("stopping and output")
     o.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
@@ -216,61 +204,9 @@ def _add_generate(p: argparse.ArgumentParser, one_prompt: bool = True) -> None:
         j.add_argument("--checkpoint", type=Path, help="save the job state here every N tokens and on SIGINT/SIGTERM")
         j.add_argument("--resume", action="store_true", help="continue the job saved in --checkpoint")
         j.add_argument("--dry-run", action="store_true", help="print the memory plan (per rank with --tp) and exit")
-    d = p.add_argument_group("hardware")
-    d.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    d.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto (fp32 on CPU, bf16 on GPU)")
+    d = add_hardware(p)
     d.add_argument("--tp", type=int, default=1, help="tensor-parallel size: split the model over N processes "
                                                      "started by `torchrun --nproc-per-node N` (default 1)")
-    d.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
-                   help="compile the decoding and verification steps with torch.compile (static shapes; CUDA graphs "
-                        "on GPUs); auto = where measured to pay (default; currently nowhere, see BENCHMARKS.md)")
-
-
-def _add_speculation(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("TokenSwift (defaults: the paper's on GPUs; fused drafting, adaptive candidates on CPUs)")
-    g.add_argument("--heads", type=Path, help="draft heads file (default: heads.safetensors in the model directory, "
-                                              "else the blocks embedded in a released TokenSwift checkpoint)")
-    g.add_argument("--tree", default=None,
-                   help="candidates per depth below the root; partial drafting: base head, then each draft head; "
-                        "fused: draft heads 1..γ (default 1,3,3,3 on GPU, 1 on CPU)")
-    g.add_argument("--ngram-topk", type=int, default=None,
-                   help="n-gram chains added per step; 0 = off (default 20 on GPU, 1 on CPU)")
-    g.add_argument("--draft", choices=["partial", "fused"], default=None,
-                   help="partial = the paper's drafting forward over a partial KV cache; fused = draft from the "
-                        "verification forward (one forward per step) (default: fused on CPU, partial on GPU)")
-    g.add_argument("--candidates", choices=["all", "adaptive"], default=None,
-                   help="all = verify every candidate; adaptive = only those whose expected gain pays for their "
-                        "measured cost, --tree and --ngram-topk become upper bounds (default: adaptive on CPU, "
-                        "all on GPU)")
-    g.add_argument("--lookup", type=int, default=None,
-                   help="prompt-lookup chain: up to N tokens of what followed the last earlier occurrence of the "
-                        "text's last 3 tokens; 0 = off (default 16 on CPU, 0 on GPU)")
-    g.add_argument("--kv-budget", type=int, default=4096, help="rows of the partial KV cache for drafting (4096)")
-    g.add_argument("--sink-tokens", type=int, default=16, help="leading rows always kept in it (16)")
-
-
-def _speculation(args: argparse.Namespace, device: str) -> Any:
-    from .api import resolve_device
-    from .config import SpeculationConfig
-
-    changes: dict[str, Any] = {"kv_budget": args.kv_budget, "sink_tokens": args.sink_tokens}
-    if args.tree is not None:
-        try:
-            changes["tree"] = tuple(int(w) for w in args.tree.split(","))
-        except ValueError:
-            raise ConfigError(f"--tree must be comma-separated integers like 1,3,3,3, got {args.tree!r}") from None
-    for name in ("ngram_topk", "lookup", "draft", "candidates"):
-        if getattr(args, name) is not None:
-            changes[name] = getattr(args, name)
-    return SpeculationConfig.for_device(resolve_device(device).type, **changes)
-
-
-def _sampling(args: argparse.Namespace) -> Any:
-    from .config import SamplingConfig
-
-    return SamplingConfig(temperature=0.0 if args.greedy else args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          min_p=args.min_p, eta=args.eta, repetition_penalty=args.repetition_penalty,
-                          penalty_window=args.penalty_window)
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
@@ -307,7 +243,7 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .parallel import check_split, start
 
     with RankErrors(args.tp) as ranks:
-        sampling, speculation = _sampling(args), _speculation(args, args.device)
+        sampling, speculation = sampling_from(args), speculation_from(args, args.device)
         prompt = _read_prompt(args)
         args.quiet = args.quiet or not ranks.lead  # only the group lead writes (output, stats, checkpoints)
         for path in (args.stats_json, args.output, args.checkpoint) if ranks.lead else ():
@@ -335,15 +271,15 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                       tp=parallel or 1)
         if engine.heads_note and not args.quiet:
             err.write(f"longswift: note: {engine.heads_note}\n")
-        with _compiling(engine, err if not args.quiet else None):
+        with compiling(engine, err if not args.quiet else None):
             stream = engine.stream(prompt, args.max_new_tokens, sampling=sampling, seed=args.seed,
                                    stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos, mode=args.mode,
                                    speculation=speculation, resume=resume)
         lead_out = out if layout.is_lead else io.StringIO()
         sink = (TextSink.open_file(args.output, resume.text if resume else None) if args.output and layout.is_lead
                 else TextSink(lead_out))
-        progress = _Progress(args, err, stream, already=len(resume.generated_ids) if resume else 0)
-        with _StopOnSignal() as signals:
+        progress = Progress(args, err, stream, already=len(resume.generated_ids) if resume else 0)
+        with StopOnSignal() as signals:
             finished = run_job(stream, sink, args.checkpoint if layout.is_lead else None, args.checkpoint_every,
                                shared_stop(parallel, signals.requested, device), progress.update)
         progress.close()
@@ -360,95 +296,8 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if args.stats_json and layout.is_lead:
             args.stats_json.write_text(json.dumps(result.stats, indent=2) + "\n", encoding="utf-8")
         if not args.quiet:
-            err.write(_summary(result.stats, result.finish_reason) + "\n")
+            err.write(summary(result.stats, result.finish_reason) + "\n")
         return 0
-
-
-@contextlib.contextmanager
-def _compiling(engine: Any, err: TextIO | None) -> Iterator[None]:
-    """Say that the (slow, one-off) compilation runs, and how long it took, around starting a compiled job."""
-    from .compiled import resolve_compile
-
-    if err is None or not resolve_compile(engine.compile, engine.device):
-        yield
-        return
-    err.write("longswift: compiling the decoding steps (torch.compile, once per process, before timing) ...\n")
-    err.flush()
-    before = engine.compile_seconds()
-    yield
-    err.write(f"longswift: compiled in {engine.compile_seconds() - before:.0f} s\n")
-
-
-def _summary(s: dict[str, Any], finish_reason: str) -> str:
-    extra = (f", {s['mean_accepted']:.2f} tokens/step, acceptance {s['acceptance_rate']:.2f}"
-             if s["mode"] == "tokenswift" else "")
-    resumed = f" ({s['new_tokens'] - s['resumed_tokens']} in this run)" if s.get("resumed_tokens") else ""
-    return (f"[{s['mode']}] {s['new_tokens']} tokens{resumed} in {s['decode_s']:.2f}s "
-            f"({s['tokens_per_s']:.1f} tok/s{extra}), "
-            f"prefill {s['prefill_s']:.2f}s, stop: {finish_reason}")
-
-
-class _Progress:
-    """Tokens done / total, tokens/s, ETA and tokens per step: a bar on a terminal, else a line every N tokens."""
-
-    def __init__(self, args: argparse.Namespace, err: TextIO, stream: Any, already: int) -> None:
-        self.stream, self.err, self.every = stream, err, args.log_every
-        self.total, self.done, self.logged, self.already = args.max_new_tokens, already, already, already
-        self.start = time.perf_counter()
-        self.bar = None
-        if not args.quiet and err.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=self.total, initial=already, unit="tok", file=err, dynamic_ncols=True, leave=False)
-        self.enabled = not args.quiet
-
-    def update(self, n: int) -> None:
-        self.done += n
-        if self.bar is not None:
-            self.bar.update(n)
-            if self.bar.n % 64 < n:
-                self.bar.set_postfix_str(self._per_step(), refresh=False)
-        elif self.enabled and self.done - self.logged >= self.every:
-            self.logged = self.done
-            rate = (self.done - self.already) / max(time.perf_counter() - self.start, 1e-9)  # this run only
-            eta = (self.total - self.done) / rate if rate > 0 else 0.0
-            self.err.write(f"[longswift] {self.done:,}/{self.total:,} tokens, {rate:.1f} tok/s, "
-                           f"ETA {eta / 60:.1f} min{', ' + self._per_step() if self._per_step() else ''}\n")
-            self.err.flush()
-
-    def _per_step(self) -> str:
-        stats = self.stream.live_stats()
-        return f"{stats['mean_accepted']:.2f} tok/step" if "mean_accepted" in stats else ""
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-class _StopOnSignal:
-    """SIGINT/SIGTERM ask the job to stop at the next step boundary (and checkpoint); a second SIGINT aborts."""
-
-    def __init__(self) -> None:
-        self._requested = False
-        self._previous: dict[int, Any] = {}
-
-    def requested(self) -> bool:
-        return self._requested
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self._requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self._requested = True
-
-    def __enter__(self) -> _StopOnSignal:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 def _add_bench(p: argparse.ArgumentParser) -> None:

@@ -120,11 +120,13 @@ def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
     from .api import load, resolve_device
     from .batch import BatchOptions, BatchRunner, check_out_dir, read_prompts, share, write_results
     from .checkpoint import Checkpoint, default_model_dir
-    from .cli import EXIT_INTERRUPTED, _sampling, _speculation, _StopOnSignal
+    from .cli import EXIT_INTERRUPTED
+    from .cli_job import StopOnSignal
+    from .cli_options import sampling_from, speculation_from
     from .parallel import start
 
     with RankErrors(args.tp) as ranks:
-        sampling, speculation = _sampling(args), _speculation(args, args.device)
+        sampling, speculation = sampling_from(args), speculation_from(args, args.device)
         items = read_prompts(args.prompts)
         model_dir = args.model or default_model_dir()
         if model_dir is None:
@@ -145,7 +147,7 @@ def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
         mine = share(items, layout.group_index, layout.groups)
         report = (lambda line: (err.write(line + "\n"), err.flush())) if layout.is_lead and not args.quiet else \
             (lambda line: None)
-        with _StopOnSignal() as signals:
+        with StopOnSignal() as signals:
             runner = BatchRunner(engine, args.out_dir, options, layout.is_lead,
                                  shared_stop(parallel, signals.requested, device), report,
                                  parallel.share if parallel is not None else (lambda make: make()))

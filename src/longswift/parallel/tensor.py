@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import EMBEDDED_HEADS_PREFIX, Checkpoint
+from ..checkpoint import EMBEDDED_HEADS_PREFIX, Checkpoint, assign_weights
 from ..config import ModelConfig
 from ..errors import CheckpointError
 from ..model import Transformer
@@ -86,23 +86,7 @@ def load_sharded(checkpoint: Checkpoint, tp: TensorParallel, device: torch.devic
     with torch.device("meta"):
         model = Transformer(shard_config(full, tp.size))
         _parallelize(model, full, tp)
-    state = _read_shards(checkpoint, tp, device, dtype)
-    expected = set(model.state_dict())
-    if full.tie_word_embeddings:
-        expected.discard("lm_head.weight")
-        state.pop("lm_head.weight", None)
-    missing, unexpected = expected - set(state), set(state) - expected
-    if missing or unexpected:
-        detail = f"missing {sorted(missing)[:3]}" if missing else f"unexpected {sorted(unexpected)[:3]}"
-        raise CheckpointError(f"weights in {checkpoint.path} do not match config.json: {detail}")
-    try:
-        model.load_state_dict(state, strict=False, assign=True)
-    except RuntimeError as exc:
-        raise CheckpointError(f"weights in {checkpoint.path} do not match config.json: {str(exc).splitlines()[-1]}")
-    if full.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    model.setup_rope(device)
-    return model.eval().requires_grad_(False)
+    return assign_weights(model, _read_shards(checkpoint, tp, device, dtype), checkpoint.path, device)
 
 
 def _parallelize(model: Transformer, full: ModelConfig, tp: TensorParallel) -> None:

@@ -11,13 +11,12 @@ import os
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..cli_options import add_hardware, add_sampling, add_speculation, sampling_from, speculation_from
 from ..errors import ConfigError
 from .config import GenerationDefaults, ServeConfig
 
 
 def add_serve_parser(p: argparse.ArgumentParser) -> None:
-    from ..cli import _add_speculation
-
     p.add_argument("--model", help="local Hugging Face model directory (default: the embedded demonstration model)")
     n = p.add_argument_group("server")
     n.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -39,33 +38,15 @@ def add_serve_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-tokens", type=int, default=256, help="tokens when a request gives no max_tokens (256)")
     g.add_argument("--mode", choices=["auto", "tokenswift", "ar"], default="auto",
                    help="tokenswift, ar, or auto = tokenswift when draft heads are available (default)")
-    g.add_argument("--greedy", action="store_true", help="greedy decoding by default (same as --temperature 0)")
-    g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
-    g.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
-    g.add_argument("--top-p", type=float, default=1.0, help="1 = off (default)")
-    g.add_argument("--min-p", type=float, default=0.1, help="(default 0.1)")
-    g.add_argument("--eta", type=float, default=0.0, help="0 = off (default)")
-    g.add_argument("--repetition-penalty", type=float, default=1.2, help="1 = off (default 1.2)")
-    g.add_argument("--penalty-window", type=int, default=1024, help="0 = whole context (default 1024)")
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence tokens")
-    _add_speculation(p)
-    d = p.add_argument_group("hardware")
-    d.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    d.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto (fp32 on CPU, bf16 on GPU)")
-    d.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
-                   help="torch.compile the decoding steps (see `longswift generate --help`); compiled at the first "
-                        "request")
+    add_sampling(p)  # the defaults of requests that leave a field out
+    add_speculation(p)
+    add_hardware(p, "; with a server, compiled at the first request")
 
 
 def serve_config(args: argparse.Namespace, model_dir: Path, embedded: bool) -> ServeConfig:
-    from ..cli import _speculation
-    from ..config import SamplingConfig
-
-    sampling = SamplingConfig(temperature=0.0 if args.greedy else args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                              eta=args.eta, repetition_penalty=args.repetition_penalty,
-                              penalty_window=args.penalty_window)
-    defaults = GenerationDefaults(args.max_tokens, sampling, args.mode, args.ignore_eos,
-                                  _speculation(args, args.device))
+    defaults = GenerationDefaults(args.max_tokens, sampling_from(args), args.mode, args.ignore_eos,
+                                  speculation_from(args, args.device))
     name = args.served_model_name or ("longswift-default" if embedded else model_dir.resolve().name)
     if args.jobs_dir is not None:
         try:
