@@ -10,6 +10,7 @@ decisions made from wall-clock time (the adaptive controller) read the group lea
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -187,6 +188,7 @@ def start(layout: Layout, device: torch.device) -> TensorParallel | None:
         if backend == "nccl":
             torch.cuda.set_device(layout.local_rank)
         dist.init_process_group(backend, timeout=timedelta(minutes=30))
+        atexit.register(_shutdown)
     if layout.tp == 1:
         return None
     group = None
@@ -197,3 +199,13 @@ def start(layout: Layout, device: torch.device) -> TensorParallel | None:
             if g == layout.group_index:
                 group = made
     return TensorParallel(layout.tp, layout.tp_rank, layout.group_index * layout.tp, group)
+
+
+def _shutdown() -> None:
+    """Tear down the process group `start` created. Left to interpreter exit, gloo's threads can be destroyed while
+    still joinable, which aborts the process ("terminate called without an active exception", exit -6) after
+    its work is done: seen once in the 2-process tests."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
