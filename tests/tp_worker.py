@@ -35,4 +35,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from longswift.parallel.runtime import exit_process
+
     main()
+    exit_process(0)

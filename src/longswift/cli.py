@@ -405,5 +405,13 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
 
 
 def main_entry() -> NoReturn:
-    """Console-script entry point."""
-    sys.exit(main())
+    """Console-script entry point (also `python -m longswift`)."""
+    code = main()
+    if "torch.distributed" in sys.modules:  # a torchrun worker: see parallel.runtime.exit_process
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            from .parallel.runtime import exit_process
+
+            exit_process(code)
+    sys.exit(code)
