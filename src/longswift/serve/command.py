@@ -78,11 +78,25 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     engine = load(model_dir, heads=args.heads, device=args.device, dtype=args.dtype, compile=args.compile)
     if engine.heads_note:
         err.write(f"longswift: note: {engine.heads_note}\n")
+    _compile_before_serving(engine, config, err)
     app = create_app(engine, config)
     server = _server_class()(uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
                                             timeout_graceful_shutdown=30), app.state.worker, err)
     server.run()
     return 0
+
+
+def _compile_before_serving(engine: Any, config: ServeConfig, err: TextIO) -> None:
+    """With --compile on, compile before the first request arrives (its time would otherwise include it): one
+    throw-away token per mode warms the graphs every later request uses."""
+    from ..cli_job import compiling
+    from ..compiled import resolve_compile
+
+    if not resolve_compile(engine.compile, engine.device):
+        return
+    with compiling(engine, err):
+        for mode in ("ar", "tokenswift") if engine.heads is not None else ("ar",):
+            engine.generate("warm-up", 1, mode=mode, speculation=config.defaults.speculation, ignore_eos=True)
 
 
 def _server_class() -> Any:
