@@ -41,7 +41,7 @@ def add_serve_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence tokens")
     add_sampling(p)  # the defaults of requests that leave a field out
     add_speculation(p)
-    add_hardware(p, "; with a server, compiled at the first request")
+    add_hardware(p, "; compiled before the server starts serving")
 
 
 def serve_config(args: argparse.Namespace, model_dir: Path, embedded: bool) -> ServeConfig:
