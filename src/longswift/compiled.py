@@ -1,10 +1,11 @@
-"""Static-shape forwards over the full KV cache, compiled with `torch.compile`.
+"""Static-shape forwards over the KV caches, compiled with `torch.compile`.
 
 An eager decoding step pays Python and dispatcher overhead for each of its ~150 small kernels, and a GPU waits for
-the host between them. Compiling removes that, but only if every step presents the same shapes: today's forward
+the host between them. Compiling removes that, but only if every step presents the same shapes: the eager forward
 slices the cache to `end + T` rows and builds a (T, end + T) mask, both of which change every token. Here:
 
-- the cache is written at a *tensor* of rows (`index_copy_`), not a Python slice;
+- the cache is written at a *tensor* of rows (`index_put_` on the whole storage, which Inductor does in place),
+  not at a Python slice;
 - the keys attended are the first `keys` rows, rounded up to a bucket (`key_bucket`), and the mask that hides the
   rows past the new block (and shapes the candidate tree inside it) is computed *inside* the graph from the rows
   tensor, so nothing about it is a Python value;
@@ -13,12 +14,13 @@ slices the cache to `end + T` rows and builds a (T, end + T) mask, both of which
 
 The number of attended rows is a dynamic dimension (one graph serves every context length); the node count is
 dynamic too, with T = 1 (the AR step) compiled on its own because compilers specialise size 1. On CUDA the
-compiled step is also captured as a CUDA graph (`mode="reduce-overhead"`), one per (node bucket, key bucket),
+compiled step is also captured as CUDA graphs (`mode="reduce-overhead"`), one per (node bucket, key bucket),
 which is why keys are bucketed geometrically rather than per row.
 
-`StaticForward` is a drop-in replacement for calling the model on the full cache; anything it does not cover
-(other caches, logged queries, a sliding window that cuts the cache, a block larger than the biggest bucket, no
-room left for padding) runs the eager forward, which computes the same function.
+`StaticForward` is a drop-in replacement for calling the model on the full cache (verification, AR steps) and on
+the partial cache (the paper's drafting forward), with or without a `QueryLog`. What it does not cover (other
+caches, a sliding window that cuts the cache, a block larger than the biggest bucket, no room left for padding, a
+logged row that would be padding) runs the eager forward, which computes the same function.
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ def compile_count() -> int:
 
 
 class StaticForward:
-    """Calls the model on the full cache through static-shape graphs, compiled unless `compiled` is False (the
+    """Calls the model on a cache through static-shape graphs, compiled unless `compiled` is False (the
     same static path run eagerly, which tests use to separate padding from compilation). Same call signature as
     the model; one instance per model, reused by every generation of an engine.
     """
