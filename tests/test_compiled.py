@@ -228,3 +228,21 @@ def test_partial_drafting_on_the_static_path_equals_ar(tiny_llama):
                          compile="on")
     assert ts.token_ids == ar.token_ids
     assert ts.stats["partial_cache_selections"] > 1 and ts.stats["compile"]["eager_forwards"] == 0
+
+
+def test_auto_without_a_compiler_says_so_and_runs_eagerly(monkeypatch, tmp_path, tiny_llama):
+    """Where `auto` would compile (a device where it was measured to pay) but nothing can compile: one note line."""
+    import io
+
+    from longswift import compiled
+    from longswift.cli_job import compiling
+
+    engine = fresh_engine(tiny_llama)
+    monkeypatch.setitem(compiled.COMPILE_PAYS, "cpu", True)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    err = io.StringIO()
+    with compiling(engine, err):
+        result = engine.generate(PROMPT, 8, mode="ar")
+    assert err.getvalue() == ("longswift: note: not compiling (no C++ compiler on PATH (Inductor builds its kernels "
+                              "with one)); running eagerly\n")
+    assert "compile" not in result.stats  # the plain model ran

@@ -15,9 +15,12 @@ from typing import Any, TextIO
 @contextlib.contextmanager
 def compiling(engine: Any, err: TextIO | None) -> Iterator[None]:
     """Say that the (slow, one-off) compilation runs, and how long it took, around starting a compiled job."""
-    from .compiled import resolve_compile
+    from .compiled import COMPILE_PAYS, compiler_available, resolve_compile
 
     if err is None or not resolve_compile(engine.compile, engine.device):
+        reason = compiler_available()
+        if err is not None and engine.compile == "auto" and COMPILE_PAYS.get(engine.device.type) and reason:
+            err.write(f"longswift: note: not compiling ({reason}); running eagerly\n")
         yield
         return
     err.write("longswift: compiling the decoding steps (torch.compile, once per process, before timing) ...\n")
