@@ -24,10 +24,10 @@ from collections.abc import Callable
 import torch
 
 import longswift
-from longswift.cache import KVCache
-from longswift.decoding import prefill
-from longswift.model import Transformer, attend
-from longswift.profile import filled_cache
+from longswift.model.cache import KVCache
+from longswift.decode.loop import prefill
+from longswift.model.transformer import Transformer, attend
+from longswift.bench.profile import filled_cache
 
 PATHS = {"dense": None, "cascade": 0, "default": longswift.model.CASCADE_MIN_WORK}
 

@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from longswift import api
-from longswift.cache import KVCache
-from longswift.compiled import StaticForward
-from longswift.decoding import prefill
+from longswift.model.cache import KVCache
+from longswift.model.compiled import StaticForward
+from longswift.decode.loop import prefill
 
 
 def forward_ms(model, forward, context: int, steps: int) -> tuple[float, object]:

@@ -19,16 +19,16 @@ from pathlib import Path
 
 import torch
 
-from longswift.checkpoint import Checkpoint
+from longswift.model.checkpoint import Checkpoint
 from longswift.config import ModelConfig, RopeConfig, SamplingConfig, SpeculationConfig, StopConfig
-from longswift.decoding import ARDecoder, drive
-from longswift.heads import DraftHeads
-from longswift.model import Transformer
-from longswift.profile import ProfileConfig, format_profile, run_profile
-from longswift.sampling import TokenChooser
-from longswift.drafting import make_drafter
-from longswift.tokenswift import TokenSwiftDecoder
-from longswift.transcript import Transcript
+from longswift.decode.loop import ARDecoder, drive
+from longswift.model.heads import DraftHeads
+from longswift.model.transformer import Transformer
+from longswift.bench.profile import ProfileConfig, format_profile, run_profile
+from longswift.decode.sampling import TokenChooser
+from longswift.decode.drafting import make_drafter
+from longswift.decode.tokenswift import TokenSwiftDecoder
+from longswift.decode.transcript import Transcript
 
 SHAPES = {
     "qwen2.5-1.5b": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=1536,

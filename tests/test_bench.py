@@ -18,10 +18,10 @@ from longswift.bench import (BenchConfig, RunRecord, WindowedRepetitionPenalty, 
                              format_table, load_prompts, parse_ints, parse_methods, run_bench, summarize,
                              summary_json)
 from longswift.config import SpeculationConfig
-from longswift.metrics import (acceptance_rate, distinct_n, first_difference, milestone_targets, ms_per_token,
+from longswift.bench.metrics import (acceptance_rate, distinct_n, first_difference, milestone_targets, ms_per_token,
                                paired_speedup, times_at)
-from longswift.profile import ProfileConfig, format_profile, run_profile, write_profile
-from longswift.sampling import apply_penalty
+from longswift.bench.profile import ProfileConfig, format_profile, run_profile, write_profile
+from longswift.decode.sampling import apply_penalty
 from tests.test_tokenswift import random_heads
 
 # ------------------------------------------------------------------------------------------------ arithmetic
@@ -245,7 +245,7 @@ def test_run_bench_refuses_before_loading(tiny_llama, tmp_path):
 
 
 def test_profile_smoke(tiny_llama, tmp_path):
-    from longswift.checkpoint import Checkpoint
+    from longswift.model.checkpoint import Checkpoint
 
     model = Checkpoint.open(tiny_llama).load_model()
     cfg = ProfileConfig(cache_lengths=(8, 64, 10**6), query_counts=(1, 4), repeats=2, warmup=0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longswift.cache import KVCache
+from longswift.model.cache import KVCache
 from longswift.config import ModelConfig
 
 CFG = ModelConfig(architecture="LlamaForCausalLM", vocab_size=10, hidden_size=8, intermediate_size=8,

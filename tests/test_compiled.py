@@ -16,11 +16,11 @@ import torch
 
 import longswift
 from longswift import SamplingConfig, SpeculationConfig
-from longswift.cache import KVCache
-from longswift.compiled import StaticForward, key_bucket, node_bucket
-from longswift.decoding import prefill
+from longswift.model.cache import KVCache
+from longswift.model.compiled import StaticForward, key_bucket, node_bucket
+from longswift.decode.loop import prefill
 from longswift.errors import ConfigError
-from longswift.tree import Trie
+from longswift.decode.tree import Trie
 
 from .test_tokenswift import PROMPT, random_heads
 
@@ -81,7 +81,7 @@ def test_static_path_computes_the_eager_forward(arch, checkpoint_factory):
 
 
 def test_static_path_logs_the_root_query_as_the_eager_forward(tiny_llama):
-    from longswift.model import QueryLog
+    from longswift.model.transformer import QueryLog
 
     model = longswift.load(tiny_llama, heads=False, device="cpu", dtype="fp32").model
     static = StaticForward(model, compiled=False)
@@ -194,8 +194,8 @@ def test_no_recompilation_once_warm(compiled_engines):
 
 def test_static_path_over_the_partial_cache_computes_the_eager_drafting_forward(tiny_llama):
     """The paper's drafting forward goes through the same static path: slots of a ranked partial cache, padded."""
-    from longswift.model import QueryLog
-    from longswift.partial_cache import PartialCache
+    from longswift.model.transformer import QueryLog
+    from longswift.model.partial_cache import PartialCache
 
     model = longswift.load(tiny_llama, heads=False, device="cpu", dtype="fp32").model
     static = StaticForward(model, compiled=False)
@@ -235,7 +235,7 @@ def test_auto_without_a_compiler_says_so_and_runs_eagerly(monkeypatch, tmp_path,
     import io
 
     from longswift import compiled
-    from longswift.cli_job import compiling
+    from longswift.cli.job import compiling
 
     engine = fresh_engine(tiny_llama)
     monkeypatch.setitem(compiled.COMPILE_PAYS, "cpu", True)

@@ -10,8 +10,8 @@ import torch
 
 import longswift
 from longswift import SamplingConfig
-from longswift.cache import KVCache
-from longswift.checkpoint import Checkpoint
+from longswift.model.cache import KVCache
+from longswift.model.checkpoint import Checkpoint
 from longswift.config import SpeculationConfig
 
 from .conftest import ARCHS

@@ -101,7 +101,7 @@ def test_transformers_streamer_receives_prompt_then_new_tokens(tiny_llama):
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_non_finite_logits_raise_instead_of_picking_a_token(bad, temperature):
     from longswift.errors import NumericalError
-    from longswift.sampling import TokenChooser
+    from longswift.decode.sampling import TokenChooser
 
     chooser = TokenChooser(SamplingConfig(temperature=temperature, repetition_penalty=1.2),
                            torch.Generator().manual_seed(0))

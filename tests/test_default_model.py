@@ -10,9 +10,9 @@ import torch
 
 import longswift
 from longswift import SamplingConfig
-from longswift.cache import NoCache
-from longswift.checkpoint import Checkpoint, default_model_dir
-from longswift.heads import read_meta
+from longswift.model.cache import NoCache
+from longswift.model.checkpoint import Checkpoint, default_model_dir
+from longswift.model.heads import read_meta
 
 
 @pytest.fixture(scope="module")

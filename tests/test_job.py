@@ -15,7 +15,7 @@ import pytest
 import longswift
 from longswift import SamplingConfig
 from longswift.cli import main
-from longswift.job import JobState
+from longswift.jobs.state import JobState
 
 from .test_tokenswift import random_heads
 
@@ -150,7 +150,7 @@ def test_dry_run_prints_the_plan_and_impossible_jobs_fail_early(tiny_llama, monk
     assert main(["generate", "--model", str(tiny_llama), "--prompt", "x", "--max-new-tokens", "100", "--dry-run"],
                 out=out, err=io.StringIO()) == 0
     assert "full KV cache" in out.getvalue() and "available" in out.getvalue()
-    import longswift.memory as memory
+    import longswift.jobs.memory as memory
 
     monkeypatch.setattr(memory, "_available", lambda device: 1000)
     code, err = run("generate", "--model", str(tiny_llama), "--prompt", "x", "--max-new-tokens", "100")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longswift.cache import KVCache
-from longswift.checkpoint import Checkpoint
-from longswift.decoding import prefill
+from longswift.model.cache import KVCache
+from longswift.model.checkpoint import Checkpoint
+from longswift.decode.loop import prefill
 
 from .conftest import ARCHS
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from longswift.ngram import NGramTable
-from longswift.tree import Trie
+from longswift.decode.ngram import NGramTable
+from longswift.decode.tree import Trie
 
 
 def test_ngram_counts_are_exact_and_ties_keep_first_sight_order():

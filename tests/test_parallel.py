@@ -21,10 +21,10 @@ import torch
 
 import longswift
 from longswift import SamplingConfig
-from longswift.checkpoint import Checkpoint
+from longswift.model.checkpoint import Checkpoint
 from longswift.cli import main
-from longswift.identity import NEAR_TIE_FP32, compare
-from longswift.job import JobState
+from longswift.bench.identity import NEAR_TIE_FP32, compare
+from longswift.jobs.state import JobState
 from longswift.parallel import TensorParallel, shard_config, valid_splits
 from longswift.parallel.tensor import _shard
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from longswift.cache import KVCache
+from longswift.model.cache import KVCache
 from longswift.config import ModelConfig
-from longswift.model import QueryLog
-from longswift.partial_cache import PartialCache
+from longswift.model.transformer import QueryLog
+from longswift.model.partial_cache import PartialCache
 
 CFG = ModelConfig(architecture="LlamaForCausalLM", vocab_size=10, hidden_size=16, intermediate_size=8,
                   num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4, max_position_embeddings=512)

@@ -17,11 +17,11 @@ from safetensors.torch import load_file, save_file
 
 import longswift
 from longswift import SamplingConfig, SpeculationConfig
-from longswift.checkpoint import Checkpoint
+from longswift.model.checkpoint import Checkpoint
 from longswift.cli import main
-from longswift.released import BLOCKS_FILE, load_embedded
-from longswift.drafting import Draft, _HeadsTop
-from longswift.train import TrainConfig, train_heads
+from longswift.model.released import BLOCKS_FILE, load_embedded
+from longswift.decode.drafting import Draft, _HeadsTop
+from longswift.train.loop import TrainConfig, train_heads
 
 TEXT = "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of " \
        "foolishness. "

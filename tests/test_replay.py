@@ -7,7 +7,7 @@ import pytest
 from longswift import SamplingConfig, SpeculationConfig
 from longswift.bench.methods import Replay, parse_methods
 from longswift.errors import ConfigError
-from longswift.replay import ReplayDrafter
+from longswift.decode.replay import ReplayDrafter
 
 from .test_tokenswift import N_LONG, PROMPT, ar_ids, engine_for
 

@@ -15,9 +15,9 @@ from scipy.stats import chisquare
 
 import longswift
 from longswift import SamplingConfig
-from longswift.cache import NoCache
+from longswift.model.cache import NoCache
 from longswift.config import SpeculationConfig
-from longswift.sampling import TokenChooser
+from longswift.decode.sampling import TokenChooser
 
 from .test_tokenswift import random_heads
 

@@ -24,9 +24,9 @@ import pytest
 import uvicorn
 
 import longswift
-from longswift.checkpoint import default_model_dir
+from longswift.model.checkpoint import default_model_dir
 from longswift.cli import main
-from longswift.job import JobState
+from longswift.jobs.state import JobState
 from longswift.serve import ServeConfig
 from longswift.serve.app import create_app
 from longswift.serve.protocol import StopTrimmer

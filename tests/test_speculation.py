@@ -11,10 +11,10 @@ import pytest
 
 import longswift
 from longswift import SamplingConfig, SpeculationConfig
-from longswift.controller import AcceptanceStats, Controller, CostModel, StepGate, head_source, ngram_source
-from longswift.ngram import HistoryLookup, NGramTable
-from longswift.tokenswift import TokenSwiftDecoder
-from longswift.tree import Trie
+from longswift.decode.controller import AcceptanceStats, Controller, CostModel, StepGate, head_source, ngram_source
+from longswift.decode.ngram import HistoryLookup, NGramTable
+from longswift.decode.tokenswift import TokenSwiftDecoder
+from longswift.decode.tree import Trie
 
 from .conftest import ARCHS
 from .test_tokenswift import N_LONG, PROMPT, OracleDrafter, ar_ids, engine_for, run_with_drafter

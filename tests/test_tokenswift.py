@@ -12,11 +12,11 @@ import torch
 
 import longswift
 from longswift import SamplingConfig
-from longswift.checkpoint import Checkpoint
+from longswift.model.checkpoint import Checkpoint
 from longswift.config import SpeculationConfig
-from longswift.drafting import Draft
-from longswift.heads import DraftHeads
-from longswift.tokenswift import TokenSwiftDecoder
+from longswift.decode.drafting import Draft
+from longswift.model.heads import DraftHeads
+from longswift.decode.tokenswift import TokenSwiftDecoder
 
 N_LONG = 2000
 
@@ -106,9 +106,9 @@ class OracleDrafter:
 def run_with_drafter(engine, drafter_for, n, spec, stop=None, **kw):
     """Generate with a custom drafter through the same decoder and transcript the API uses."""
     from longswift.config import StopConfig
-    from longswift.decoding import drive
-    from longswift.sampling import TokenChooser
-    from longswift.transcript import Transcript
+    from longswift.decode.loop import drive
+    from longswift.decode.sampling import TokenChooser
+    from longswift.decode.transcript import Transcript
 
     prompt_ids = engine.encode(PROMPT)
     sampling = SamplingConfig(repetition_penalty=1.3, penalty_window=64)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from longswift.checkpoint import Checkpoint
+from longswift.model.checkpoint import Checkpoint
 from longswift.errors import ConfigError, HeadsError
-from longswift.heads import DraftHeads
-from longswift.train import (STATE_KEY, StepStats, TrainConfig, evaluate_heads, load_token_stream, lr_at,
+from longswift.model.heads import DraftHeads
+from longswift.train.loop import (STATE_KEY, StepStats, TrainConfig, evaluate_heads, load_token_stream, lr_at,
                              read_texts, train_heads)
 
 TEXT = "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of " \
@@ -249,7 +249,7 @@ def test_evaluate_heads_matches_a_direct_computation(tiny_llama, text_file, tmp_
     with torch.no_grad():
         for w in range(2):
             window = ids[w * seq : (w + 1) * seq + 4]
-            from longswift.cache import NoCache
+            from longswift.model.cache import NoCache
 
             logits = heads.logits(model, model(window[None, :seq], torch.arange(seq), NoCache()))
             for i in range(4):

@@ -3,14 +3,19 @@
 Public API: `load`, `Engine`, `GenerationResult`, `Piece`, `JobState`, the config dataclasses, and
 `LongswiftError` with its subclasses.
 Importing this package does no work: no model is loaded and no file is read until you call `load`.
+The packages are layers, each importing only those below it (ARCHITECTURE.md): `model`, `decode`, `jobs`,
+`parallel`, then `api`, then `train`, `bench`, `serve` and `cli`.
 """
 
+from . import _moved
 from .api import Engine, GenerationResult, GenerationStream, load
 from .config import ModelConfig, SamplingConfig, SpeculationConfig, StopConfig
+from .decode.transcript import Piece
 from .errors import (CheckpointError, ConfigError, HeadsError, LongswiftError, NumericalError, PromptError,
                      ResumeError, UsageError)
-from .job import JobState
-from .transcript import Piece
+from .jobs.state import JobState
+
+_moved.install()
 
 __all__ = ["CheckpointError", "ConfigError", "Engine", "GenerationResult", "GenerationStream", "HeadsError",
            "JobState", "LongswiftError", "ModelConfig", "NumericalError", "Piece", "PromptError", "ResumeError",

@@ -18,20 +18,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .checkpoint import DTYPES, Checkpoint, default_model_dir, heads_beside
+from .model.checkpoint import DTYPES, Checkpoint, default_model_dir, heads_beside
 from .config import SamplingConfig, SpeculationConfig, StopConfig
-from .compiled import StaticForward, resolve_compile
-from .decoding import ARDecoder, Decoder, Forward, drive
+from .model.compiled import StaticForward, resolve_compile
+from .decode.loop import ARDecoder, Decoder, Forward, drive
 from .errors import CheckpointError, ConfigError, HeadsError, PromptError, ResumeError
-from .heads import DraftHeads
-from .job import JobState
+from .model.heads import DraftHeads
+from .jobs.state import JobState
 from .parallel import TensorParallel
-from .released import load_heads
-from .sampling import TokenChooser
-from .transcript import Piece, Transcript
+from .model.released import load_heads
+from .decode.sampling import TokenChooser
+from .decode.transcript import Piece, Transcript
 
 if TYPE_CHECKING:
-    from .drafting import Drafter
+    from .decode.drafting import Drafter
 
 
 @dataclass
@@ -214,8 +214,8 @@ class Engine:
     def _decoder(self, mode: str, sampling: SamplingConfig, seed: int | None, capacity: int,
                  spec: SpeculationConfig, record_margins: bool = False, forward: Forward | None = None,
                  drafter: Drafter | None = None) -> Decoder:
-        from .drafting import make_drafter
-        from .tokenswift import TokenSwiftDecoder
+        from .decode.drafting import make_drafter
+        from .decode.tokenswift import TokenSwiftDecoder
 
         generator = None
         if not sampling.greedy:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..config import SamplingConfig
 from ..errors import ConfigError
-from ..profile import ProfileConfig
+from .profile import ProfileConfig
 from .methods import Method
 
 DEFAULT_GREEDY = SamplingConfig(repetition_penalty=1.2, penalty_window=1024)

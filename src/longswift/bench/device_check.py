@@ -20,14 +20,14 @@ from typing import Any
 
 import torch
 
-from ..cache import KVCache
-from ..compiled import StaticForward, compile_count
+from ..model.cache import KVCache
+from ..model.compiled import StaticForward, compile_count
 from ..config import ModelConfig, SamplingConfig, SpeculationConfig
-from ..decoding import ARDecoder
-from ..model import Transformer
-from ..replay import ReplayDrafter
-from ..sampling import TokenChooser
-from ..tokenswift import TokenSwiftDecoder
+from ..decode.loop import ARDecoder
+from ..model.transformer import Transformer
+from ..decode.replay import ReplayDrafter
+from ..decode.sampling import TokenChooser
+from ..decode.tokenswift import TokenSwiftDecoder
 
 SHAPES: dict[str, dict[str, Any]] = {
     "qwen2.5-1.5b": dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=1536,

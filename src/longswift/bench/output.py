@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from ..config import SamplingConfig
-from ..metrics import milestone_targets
-from ..profile import write_profile
+from .metrics import milestone_targets
+from .profile import write_profile
 from .config import TENTHS
 from .results import BenchReport, MethodSummary, reference_method
 

@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..identity import NEAR_TIE_FP32, compare
-from ..metrics import (
+from .identity import NEAR_TIE_FP32, compare
+from .metrics import (
     acceptance_rate,
     distinct_n,
     median,
@@ -18,7 +18,7 @@ from ..metrics import (
     paired_speedup,
     times_at,
 )
-from ..profile import ProfileReport
+from .profile import ProfileReport
 from .config import TENTHS, BenchConfig
 from .methods import ENGINE_KINDS, Method
 from .prompts import PromptSet

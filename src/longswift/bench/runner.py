@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import Checkpoint
+from ..model.checkpoint import Checkpoint
 from ..config import SpeculationConfig
 from ..errors import CheckpointError, ConfigError, PromptError
-from ..identity import near_tie_bound
-from ..profile import run_profile
-from ..replay import ReplayDrafter
+from .identity import near_tie_bound
+from .profile import run_profile
+from ..decode.replay import ReplayDrafter
 from .config import BenchConfig
 from .hf import _load_hf, _quiet_transformers, _StreamMarks, hf_cache_kwargs, hf_processing
 from .methods import HF_KINDS, Method
@@ -95,7 +95,7 @@ def resolve_model(cfg: BenchConfig) -> tuple[Path, Path | None]:
 
 def _embeds_heads(model: Path) -> bool:
     """A released TokenSwift checkpoint: its draft blocks live in the model's own weights."""
-    from ..released import embedded_block_count
+    from ..model.released import embedded_block_count
 
     try:
         return embedded_block_count(Checkpoint.open(model)) > 0

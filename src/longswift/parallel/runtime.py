@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..config import ModelConfig
-from ..decoding import Timer
+from ..decode.loop import Timer
 from ..errors import ConfigError, LongswiftError
 
 T = TypeVar("T")

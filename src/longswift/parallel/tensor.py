@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import EMBEDDED_HEADS_PREFIX, Checkpoint, assign_weights
+from ..model.checkpoint import EMBEDDED_HEADS_PREFIX, Checkpoint, assign_weights
 from ..config import ModelConfig
 from ..errors import CheckpointError
-from ..model import Transformer
+from ..model.transformer import Transformer
 from .runtime import TensorParallel, check_split
 
 COLUMN = (".q_proj.", ".k_proj.", ".v_proj.", ".gate_proj.", ".up_proj.")  # weight and bias split by output rows

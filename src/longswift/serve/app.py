@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..api import Engine
 from ..errors import LongswiftError
-from ..transcript import Piece
+from ..decode.transcript import Piece
 from . import protocol
 from .config import ServeConfig
 from .protocol import ApiError, ChatBody, CompletionBody, Formatter, GenerationRequest, StopTrimmer

@@ -22,8 +22,8 @@ from typing import Any
 
 from ..api import Engine, GenerationResult
 from ..errors import LongswiftError, NumericalError, PromptError
-from ..job import JobState
-from ..transcript import Piece
+from ..jobs.state import JobState
+from ..decode.transcript import Piece
 from .config import ServeConfig
 from .protocol import ApiError, GenerationRequest
 

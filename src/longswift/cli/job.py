@@ -15,7 +15,7 @@ from typing import Any, TextIO
 @contextlib.contextmanager
 def compiling(engine: Any, err: TextIO | None) -> Iterator[None]:
     """Say that the (slow, one-off) compilation runs, and how long it took, around starting a compiled job."""
-    from .compiled import COMPILE_PAYS, compiler_available, resolve_compile
+    from ..model.compiled import COMPILE_PAYS, compiler_available, resolve_compile
 
     if err is None or not resolve_compile(engine.compile, engine.device):
         reason = compiler_available()

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from .config import ModelConfig
-from .errors import CheckpointError
-from .model import Transformer
+from ..config import ModelConfig
+from ..errors import CheckpointError
+from .transformer import Transformer
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}

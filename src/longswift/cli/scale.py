@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from .config import ModelConfig, SpeculationConfig
-from .errors import ConfigError, LongswiftError
-from .parallel import Layout, TensorParallel, check_split, layout_from_env, valid_splits
+from ..config import ModelConfig, SpeculationConfig
+from ..errors import ConfigError, LongswiftError
+from ..parallel import Layout, TensorParallel, check_split, layout_from_env, valid_splits
 
 
 def one_group(tp: int) -> Layout:
@@ -66,9 +66,9 @@ def shared_stop(parallel: TensorParallel | None, requested: Callable[[], bool],
 
 def dry_run(args: argparse.Namespace, model_dir: Path, prompt: str, spec: SpeculationConfig | None) -> str:
     """The memory plan from config.json alone (no weights needed), per rank for --tp, and which --tp fits."""
-    from .api import resolve_device, resolve_dtype
-    from .checkpoint import read_config
-    from .memory import fits_table, plan_memory
+    from ..api import resolve_device, resolve_dtype
+    from ..model.checkpoint import read_config
+    from ..jobs.memory import fits_table, plan_memory
 
     cfg = read_config(model_dir)
     if args.tp < 1:
@@ -101,7 +101,7 @@ def _prompt_tokens(model_dir: Path, prompt: str) -> tuple[int, str]:
 
 
 def _embedding_share(cfg: ModelConfig) -> float:
-    from .memory import _weights
+    from ..jobs.memory import _weights
 
     return cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2) / _weights(cfg)
 
@@ -117,13 +117,13 @@ def add_generate_batch(p: argparse.ArgumentParser) -> None:
 
 def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
     """Run the batch: this process's group takes its share; rank 0 writes results.jsonl once every group is done."""
-    from .api import load, resolve_device
-    from .batch import BatchOptions, BatchRunner, check_out_dir, read_prompts, share, write_results
-    from .checkpoint import Checkpoint, default_model_dir
-    from .cli import EXIT_INTERRUPTED
-    from .cli_job import StopOnSignal
-    from .cli_options import sampling_from, speculation_from
-    from .parallel import start
+    from ..api import load, resolve_device
+    from ..jobs.batch import BatchOptions, BatchRunner, check_out_dir, read_prompts, share, write_results
+    from ..model.checkpoint import Checkpoint, default_model_dir
+    from .main import EXIT_INTERRUPTED
+    from .job import StopOnSignal
+    from .options import sampling_from, speculation_from
+    from ..parallel import start
 
     with RankErrors(args.tp) as ranks:
         sampling, speculation = sampling_from(args), speculation_from(args, args.device)
@@ -196,7 +196,7 @@ def _gather_results(everyone: Any, items: list[Any], mine: list[Any], out_dir: P
     output directory need not be shared between nodes) and rank 0 receives them all."""
     import torch.distributed as dist
 
-    from .batch import results_lines
+    from ..jobs.batch import results_lines
 
     if everyone is None:
         return results_lines(items, out_dir)

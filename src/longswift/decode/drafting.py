@@ -22,17 +22,17 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
-from .cache import KVCache
-from .compiled import node_bucket
-from .config import SamplingConfig, SpeculationConfig
-from .errors import ConfigError
-from .heads import DraftHeads
-from .model import QueryLog, Transformer
-from .partial_cache import PartialCache
+from ..model.cache import KVCache
+from ..model.compiled import node_bucket
+from ..config import SamplingConfig, SpeculationConfig
+from ..errors import ConfigError
+from ..model.heads import DraftHeads
+from ..model.transformer import QueryLog, Transformer
+from ..model.partial_cache import PartialCache
 from .sampling import TokenChooser, apply_penalty
 
 if TYPE_CHECKING:
-    from .decoding import Forward
+    from .loop import Forward
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import ModelConfig, SpeculationConfig
-from .errors import ConfigError
+from ..config import ModelConfig, SpeculationConfig
+from ..errors import ConfigError
 
 GiB = 1024**3
 

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .config import ModelConfig
-from .errors import ConfigError
+from ..config import ModelConfig
+from ..errors import ConfigError
 
 
 class KVCache:

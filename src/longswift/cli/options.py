@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def add_sampling(p: argparse.ArgumentParser) -> Any:
@@ -27,7 +27,7 @@ def add_sampling(p: argparse.ArgumentParser) -> Any:
 
 def sampling_from(args: argparse.Namespace) -> Any:
     """The SamplingConfig of `add_sampling`'s options."""
-    from .config import SamplingConfig
+    from ..config import SamplingConfig
 
     return SamplingConfig(temperature=0.0 if args.greedy else args.temperature, top_k=args.top_k, top_p=args.top_p,
                           min_p=args.min_p, eta=args.eta, repetition_penalty=args.repetition_penalty,
@@ -60,8 +60,8 @@ def add_speculation(p: argparse.ArgumentParser) -> None:
 
 def speculation_from(args: argparse.Namespace, device: str) -> Any:
     """The SpeculationConfig of `add_speculation`'s options: the device's defaults, changed where a flag was given."""
-    from .api import resolve_device
-    from .config import SpeculationConfig
+    from ..api import resolve_device
+    from ..config import SpeculationConfig
 
     changes: dict[str, Any] = {"kv_budget": args.kv_budget, "sink_tokens": args.sink_tokens}
     if args.tree is not None:

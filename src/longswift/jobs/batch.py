@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, LongswiftError, PromptError
-from .job import JobState, TextSink, _atomic_write, run_job
+from ..errors import ConfigError, LongswiftError, PromptError
+from .state import JobState, TextSink, _atomic_write, run_job
 
 SAFE_ID = re.compile(r"[^A-Za-z0-9._-]")
 

@@ -36,8 +36,8 @@ from torch import Tensor
 from torch.fx.experimental import _config as fx_config
 
 from .cache import KVCache
-from .errors import ConfigError
-from .model import Cache, QueryLog, Transformer, Visibility
+from ..errors import ConfigError
+from .transformer import Cache, QueryLog, Transformer, Visibility
 from .partial_cache import PartialCache
 
 NODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # verification blocks are padded up to one of these node counts

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from .cache import KVCache
-from .errors import ConfigError
-from .model import Transformer
+from ..model.cache import KVCache
+from ..errors import ConfigError
+from ..model.transformer import Transformer
 
 FILL_CHUNK = 8192  # rows of random keys/values written at a time, bounding the temporary tensors
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .errors import HeadsError
-from .model import RMSNorm, Transformer
+from ..errors import HeadsError
+from .transformer import RMSNorm, Transformer
 
 FORMAT = "longswift-draft-heads/1"
 

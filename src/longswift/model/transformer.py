@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import ModelConfig
+from ..config import ModelConfig
 from .rope import apply_rope, inverse_frequencies, rope_tables
 
 

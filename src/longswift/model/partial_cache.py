@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 
 from .cache import KVCache
-from .config import ModelConfig
-from .model import QueryLog
+from ..config import ModelConfig
+from .transformer import QueryLog
 
 
 class PartialCache:

@@ -31,11 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .cache import NoCache
-from .checkpoint import DTYPES, Checkpoint
-from .errors import ConfigError, HeadsError
-from .heads import DraftHeads
-from .model import Transformer
+from ..model.cache import NoCache
+from ..model.checkpoint import DTYPES, Checkpoint
+from ..errors import ConfigError, HeadsError
+from ..model.heads import DraftHeads
+from ..model.transformer import Transformer
 
 STATE_FORMAT = "longswift-train-state/1"
 STATE_KEY = "longswift-train-state"

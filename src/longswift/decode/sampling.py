@@ -13,8 +13,8 @@ import math
 import torch
 from torch import Tensor
 
-from .config import SamplingConfig
-from .errors import NumericalError
+from ..config import SamplingConfig
+from ..errors import NumericalError
 
 
 def apply_penalty(logits: Tensor, window: Tensor, penalty: float) -> Tensor:

@@ -20,13 +20,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .cache import KVCache
-from .compiled import node_bucket
-from .config import SpeculationConfig
+from ..model.cache import KVCache
+from ..model.compiled import node_bucket
+from ..config import SpeculationConfig
 from .controller import STEP_KINDS, Controller, StepGate, head_source, lookup_source, ngram_source
-from .decoding import Context, Forward, Timer, forward_counts, forward_stats, prefill, reuse, warm_up
+from .loop import Context, Forward, Timer, forward_counts, forward_stats, prefill, reuse, warm_up
 from .drafting import Draft, Drafter
-from .model import QueryLog, Transformer
+from ..model.transformer import QueryLog, Transformer
 from .ngram import HistoryLookup, NGramTable
 from .sampling import TokenChooser
 from .tree import Trie

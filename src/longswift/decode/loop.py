@@ -16,9 +16,9 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from .cache import KVCache
-from .compiled import StaticForward
-from .model import Cache, QueryLog, Transformer
+from ..model.cache import KVCache
+from ..model.compiled import StaticForward
+from ..model.transformer import Cache, QueryLog, Transformer
 from .sampling import TokenChooser
 from .transcript import Piece, Transcript
 

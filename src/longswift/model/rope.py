@@ -11,7 +11,7 @@ import math
 import torch
 from torch import Tensor
 
-from .config import RopeConfig
+from ..config import RopeConfig
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int) -> tuple[Tensor, float]:

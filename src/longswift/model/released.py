@@ -31,7 +31,7 @@ from torch import Tensor
 
 from .checkpoint import EMBEDDED_HEADS_PREFIX as PREFIX
 from .checkpoint import HEADS_FILE, Checkpoint
-from .errors import ConfigError, HeadsError
+from ..errors import ConfigError, HeadsError
 from .heads import DraftHeads, HeadsMeta
 
 RENAMES = {"input_layernorm.weight": "norm.weight", "linear.weight": "proj.weight",
@@ -139,7 +139,7 @@ def _block_state(stored: dict[str, Tensor], gamma: int | None, hidden: int, wher
 
 def export_heads(model_dir: str | Path, out: str | Path) -> HeadsMeta:
     """Write the blocks embedded in a released-format directory as a longswift heads file (fp32, model fingerprint)."""
-    from .train import save_heads
+    from ..train.loop import save_heads
 
     checkpoint = Checkpoint.open(model_dir)
     loaded = load_embedded(checkpoint, checkpoint.fingerprint())

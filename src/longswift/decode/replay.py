@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from .cache import KVCache
+from ..model.cache import KVCache
 from .drafting import Draft
-from .errors import ConfigError
-from .model import QueryLog
+from ..errors import ConfigError
+from ..model.transformer import QueryLog
 
 
 class ReplayDrafter:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import LongswiftError, ResumeError
+from ..errors import LongswiftError, ResumeError
 
 FORMAT = "longswift-job/1"
 

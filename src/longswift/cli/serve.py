@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..cli_options import add_hardware, add_sampling, add_speculation, sampling_from, speculation_from
+from .options import add_hardware, add_sampling, add_speculation, sampling_from, speculation_from
 from ..errors import ConfigError
-from .config import GenerationDefaults, ServeConfig
+from ..serve.config import GenerationDefaults, ServeConfig
 
 
 def add_serve_parser(p: argparse.ArgumentParser) -> None:
@@ -64,12 +64,12 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         import uvicorn
 
-        from .app import create_app
+        from ..serve.app import create_app
     except ImportError as exc:
         raise ConfigError(f"longswift serve needs FastAPI and uvicorn ({exc.name} is missing): "
                           "pip install 'longswift[serve]'") from None
     from ..api import load
-    from ..checkpoint import default_model_dir
+    from ..model.checkpoint import default_model_dir
 
     model_dir = Path(args.model) if args.model else default_model_dir()
     if model_dir is None:
@@ -89,8 +89,8 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _compile_before_serving(engine: Any, config: ServeConfig, err: TextIO) -> None:
     """With --compile on, compile before the first request arrives (its time would otherwise include it): one
     throw-away token per mode warms the graphs every later request uses."""
-    from ..cli_job import compiling
-    from ..compiled import resolve_compile
+    from .job import compiling
+    from ..model.compiled import resolve_compile
 
     if not resolve_compile(engine.compile, engine.device):
         return

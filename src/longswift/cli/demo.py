@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from .api import Engine
-from .config import SamplingConfig, SpeculationConfig
-from .identity import NEAR_TIE_FP32, Comparison, compare, near_tie_bound
+from ..api import Engine
+from ..config import SamplingConfig, SpeculationConfig
+from ..bench.identity import NEAR_TIE_FP32, Comparison, compare, near_tie_bound
 
 
 @dataclass

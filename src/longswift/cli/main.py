@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from .cli_job import Progress, StopOnSignal, compiling, summary
-from .cli_options import add_hardware, add_sampling, add_speculation, sampling_from, speculation_from
-from .errors import ConfigError, LongswiftError, PromptError, UsageError
-from .serve.command import add_serve_parser, cmd_serve  # FastAPI and uvicorn are imported only by cmd_serve
+from .job import Progress, StopOnSignal, compiling, summary
+from .options import add_hardware, add_sampling, add_speculation, sampling_from, speculation_from
+from ..errors import ConfigError, LongswiftError, PromptError, UsageError
+from .serve import add_serve_parser, cmd_serve  # FastAPI and uvicorn are imported only by cmd_serve
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog="Models: local Hugging Face directories of Llama 2/3.x, Qwen2/2.5, Qwen3 (dense) and "
                             "Mistral; the authors' released TokenSwift checkpoints run as they are (their draft "
                             "heads are detected: no --heads needed).")
-    from .cli_scale import add_generate_batch
+    from .scale import add_generate_batch
 
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_generate(sub.add_parser("generate", help="generate text from a prompt, streaming it to stdout"))
@@ -62,7 +62,7 @@ def _add_export_heads(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_export_heads(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .released import export_heads, write_released
+    from ..model.released import export_heads, write_released
 
     if args.out_dir is not None:
         if args.heads is None:
@@ -101,8 +101,8 @@ def _add_train_heads(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train_heads(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .checkpoint import default_model_dir
-    from .train import TrainConfig, train_heads
+    from ..model.checkpoint import default_model_dir
+    from ..train.loop import TrainConfig, train_heads
 
     model = args.model or default_model_dir()
     if model is None:
@@ -151,7 +151,7 @@ DEMO_PROMPT = "ACT I. SCENE I.\nLondon. A room in the palace.\n\nEnter the KING,
 
 
 def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .api import load
+    from ..api import load
     from .demo import run_demo
 
     speculation = speculation_from(args, args.device)
@@ -235,12 +235,12 @@ def _check_writable(path: Path | None) -> None:
 
 
 def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .api import load, resolve_device, resolve_dtype
-    from .checkpoint import Checkpoint, default_model_dir
-    from .cli_scale import RankErrors, dry_run, one_group, shared_stop
-    from .job import JobState, TextSink, run_job
-    from .memory import plan_memory
-    from .parallel import check_split, start
+    from ..api import load, resolve_device, resolve_dtype
+    from ..model.checkpoint import Checkpoint, default_model_dir
+    from .scale import RankErrors, dry_run, one_group, shared_stop
+    from ..jobs.state import JobState, TextSink, run_job
+    from ..jobs.memory import plan_memory
+    from ..parallel import check_split, start
 
     with RankErrors(args.tp) as ranks:
         sampling, speculation = sampling_from(args), speculation_from(args, args.device)
@@ -335,8 +335,8 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .bench import BenchConfig, bench_sampling, format_table, parse_ints, parse_methods, run_bench, summary_json
-    from .profile import ProfileConfig, format_profile
+    from ..bench import BenchConfig, bench_sampling, format_table, parse_ints, parse_methods, run_bench, summary_json
+    from ..bench.profile import ProfileConfig, format_profile
 
     profile = None
     if args.profile:
@@ -376,7 +376,7 @@ def _bench_progress(err: TextIO) -> Any:
 
 
 def cmd_generate_batch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .cli_scale import cmd_generate_batch as run
+    from .scale import cmd_generate_batch as run
 
     return run(args, out, err)
 
@@ -411,7 +411,7 @@ def main_entry() -> NoReturn:
         import torch.distributed as dist
 
         if dist.is_initialized():
-            from .parallel.runtime import exit_process
+            from ..parallel.runtime import exit_process
 
             exit_process(code)
     sys.exit(code)
