@@ -14,10 +14,10 @@ from .decode.transcript import Piece
 from .errors import (CheckpointError, ConfigError, HeadsError, LongswiftError, NumericalError, PromptError,
                      ResumeError, UsageError)
 from .jobs.state import JobState
+from .version import __version__
 
 _moved.install()
 
 __all__ = ["CheckpointError", "ConfigError", "Engine", "GenerationResult", "GenerationStream", "HeadsError",
            "JobState", "LongswiftError", "ModelConfig", "NumericalError", "Piece", "PromptError", "ResumeError",
-           "SamplingConfig", "SpeculationConfig", "StopConfig", "UsageError", "load"]
-__version__ = "0.1.0"
+           "SamplingConfig", "SpeculationConfig", "StopConfig", "UsageError", "__version__", "load"]

@@ -1,8 +1,8 @@
-"""Old import paths of the modules that moved into layer packages in 0.2.0, kept working with a warning.
+"""Old import paths of the modules that moved into layer packages (CHANGELOG.md), kept working with a warning.
 
 `import longswift.checkpoint` finds `longswift.model.checkpoint` (the same module object, so patching either name
-patches both) and warns once with `DeprecationWarning`. Nothing is imported until an old name is asked for, so
-importing `longswift` stays free. CHANGELOG.md lists the moves; the aliases go in 0.3.0.
+patches both) and warns with `DeprecationWarning`. Nothing is imported until an old name is asked for, so
+importing `longswift` stays free. CHANGELOG.md lists the moves; the aliases go in a later release.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class _Alias(importlib.abc.Loader):
         self.new = new
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        warnings.warn(f"{spec.name} moved to {self.new}; the old path goes in longswift 0.3.0",
+        warnings.warn(f"{spec.name} moved to {self.new}; the old path will be removed in a later release",
                       DeprecationWarning, stacklevel=2)
         return importlib.import_module(self.new)
 

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .model.checkpoint import DTYPES, Checkpoint, default_model_dir, heads_beside
+from .model.checkpoint import DTYPES, Checkpoint, heads_beside, model_dir_or_default
 from .config import SamplingConfig, SpeculationConfig, StopConfig
 from .model.compiled import StaticForward, resolve_compile
 from .decode.loop import ARDecoder, Decoder, Forward, drive
-from .errors import CheckpointError, ConfigError, HeadsError, PromptError, ResumeError
+from .errors import ConfigError, HeadsError, PromptError, ResumeError
 from .model.heads import DraftHeads
 from .jobs.state import JobState
 from .parallel import TensorParallel
@@ -258,11 +258,7 @@ def load(model: str | Path | None = None, *, heads: str | Path | None | bool = N
     `generate` / `stream`; torch.distributed is started from torchrun's environment if it is not yet), or a
     `TensorParallel` group from `longswift.parallel.start`.
     """
-    if model is None:
-        model = default_model_dir()
-        if model is None:
-            raise CheckpointError("no embedded default model in this install; pass a model directory")
-    checkpoint = Checkpoint.open(model)
+    checkpoint = Checkpoint.open(model_dir_or_default(model))
     if heads is None:
         heads = heads_beside(checkpoint.path)
     dev = resolve_device(device)

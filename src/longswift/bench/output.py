@@ -23,7 +23,7 @@ def environment(engine: Any, model_dir: Path, heads: Path | None) -> dict[str, A
     """Versions, hardware and model facts, so that a results file says what it was measured on."""
     import transformers
 
-    from .. import __version__
+    from ..version import __version__
 
     dev = engine.device
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,

@@ -5,6 +5,7 @@ Modules: `main` (the parser, `main(argv)` and the small commands), `options` (fl
 `serve` (the `serve` command; FastAPI is imported only when it runs).
 """
 
-from .main import EXIT_INTERRUPTED, EXIT_USER_ERROR, build_parser, main, main_entry
+from .job import EXIT_INTERRUPTED, EXIT_USER_ERROR
+from .main import build_parser, main, main_entry
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_USER_ERROR", "build_parser", "main", "main_entry"]

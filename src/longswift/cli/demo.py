@@ -1,4 +1,4 @@
-"""The main job of the README: generate from one model with several methods, side by side, and compare.
+"""`longswift demo`, the main job of the README: generate from one model with several methods, side by side, and compare.
 
 Greedy decoding makes the comparison exact: every method must produce the same tokens (that is what lossless
 means), so the only thing allowed to differ is time. Speed is a ratio measured in the same run.
@@ -6,15 +6,19 @@ means), so the only thing allowed to differ is time. Speed is a ratio measured i
 
 from __future__ import annotations
 
+import argparse
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import torch
 
 from ..api import Engine
 from ..config import SamplingConfig, SpeculationConfig
 from ..bench.identity import NEAR_TIE_FP32, Comparison, compare, near_tie_bound
+from ..errors import ConfigError
+from .options import add_speculation, speculation_from
 
 
 @dataclass
@@ -99,3 +103,42 @@ def _run_transformers(engine: Engine, prompt: str, n: int, sampling: SamplingCon
     # Subtract the cost of a 1-token generate (prefill + set-up) to leave decoding time.
     new = out[0, ids.shape[1]:].tolist()
     return MethodRun("hf", new, max(t2 - t1 - (t1 - t0), 1e-9)), engine.tokenizer.decode(new)
+
+
+def add_demo(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="local model directory (default: the embedded model)")
+    p.add_argument("--prompt", default=DEMO_PROMPT, help="prompt text")
+    p.add_argument("--max-new-tokens", type=int, default=2048, help="tokens per method (default 2048)")
+    p.add_argument("--methods", default=None,
+                   help="comma-separated from ar, tokenswift, hf (default: ar,tokenswift with heads, else ar,hf)")
+    add_speculation(p)
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    p.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto")
+
+
+DEMO_PROMPT = "ACT I. SCENE I.\nLondon. A room in the palace.\n\nEnter the KING, GLOUCESTER, and attendants.\n\nKING.\n"
+
+
+def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from ..api import load
+
+    speculation = speculation_from(args, args.device)
+    engine = load(args.model, heads=args.heads, device=args.device, dtype=args.dtype)
+    default = "ar,tokenswift" if engine.heads is not None else "ar,hf"
+    methods = tuple(m.strip() for m in (args.methods or default).split(",") if m.strip())
+    unknown = set(methods) - {"ar", "hf", "tokenswift"}
+    if unknown or not methods:
+        raise ConfigError(f"unknown methods {sorted(unknown)}; use ar, tokenswift, hf")
+    err.write(f"longswift demo: {args.max_new_tokens} greedy tokens per method on {engine.checkpoint.path} "
+              f"({engine.device}, {str(engine.dtype).removeprefix('torch.')})\n")
+    report = run_demo(engine, args.prompt, args.max_new_tokens, methods, speculation)
+    out.write(args.prompt + report.text + "\n\n")
+    for run in report.runs:
+        out.write(f"{run.name:>10}: {len(run.token_ids)} tokens, {run.decode_s:7.2f} s decode, "
+                  f"{run.tokens_per_s:8.1f} tok/s, speedup over ar {report.speedup(run.name):.2f}x\n")
+    out.write(f"outputs identical across methods: {report.identical()}\n")
+    for name, comparison in report.comparisons().items():
+        if not comparison.identical:  # a near-tie is explained, never hidden
+            out.write(f"{name} vs {report.runs[0].name}: {comparison.describe()}\n")
+    return 0 if report.explained() else 1
+

@@ -11,6 +11,9 @@ import time
 from collections.abc import Iterator
 from typing import Any, TextIO
 
+EXIT_USER_ERROR = 2  # a LongswiftError: one line on stderr, no traceback
+EXIT_INTERRUPTED = 130  # stopped by SIGINT/SIGTERM (128 + SIGINT, as shells report it)
+
 
 @contextlib.contextmanager
 def compiling(engine: Any, err: TextIO | None) -> Iterator[None]:

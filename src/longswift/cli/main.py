@@ -9,18 +9,17 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from .job import Progress, StopOnSignal, compiling, summary
-from .options import add_hardware, add_sampling, add_speculation, sampling_from, speculation_from
+from .demo import add_demo, cmd_demo
+from .heads import add_export_heads, add_train_heads, cmd_export_heads, cmd_train_heads
+from .job import EXIT_INTERRUPTED, EXIT_USER_ERROR, Progress, StopOnSignal, compiling, summary
+from .options import add_hardware, add_sampling, add_speculation, check_writable, sampling_from, speculation_from
 from ..errors import ConfigError, LongswiftError, PromptError, UsageError
 from .serve import add_serve_parser, cmd_serve  # FastAPI and uvicorn are imported only by cmd_serve
 
-EXIT_USER_ERROR = 2
-EXIT_INTERRUPTED = 130
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,136 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "torchrun processes; results in OUT_DIR/results.jsonl")
     _add_generate(batch, one_prompt=False)
     add_generate_batch(batch)
-    _add_demo(sub.add_parser("demo", help="generate with each method side by side and print the speedup"))
+    add_demo(sub.add_parser("demo", help="generate with each method side by side and print the speedup"))
     _add_bench(sub.add_parser("bench", help="benchmark methods side by side; write results, CSV and plots"))
-    _add_train_heads(sub.add_parser("train-heads", help="train TokenSwift draft heads on a frozen base model"))
-    _add_export_heads(sub.add_parser("export-heads", help="convert between a released TokenSwift checkpoint's "
+    add_train_heads(sub.add_parser("train-heads", help="train TokenSwift draft heads on a frozen base model"))
+    add_export_heads(sub.add_parser("export-heads", help="convert between a released TokenSwift checkpoint's "
                                                           "embedded draft blocks and a heads file"))
     add_serve_parser(sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API"))
     return parser
-
-
-def _add_export_heads(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=Path, required=True, help="model directory")
-    dest = p.add_mutually_exclusive_group(required=True)
-    dest.add_argument("--out", type=Path, help="write the draft blocks embedded in --model as this heads file")
-    dest.add_argument("--out-dir", type=Path,
-                      help="write --model with --heads embedded, in the authors' released format, to this directory")
-    p.add_argument("--heads", type=Path, help="with --out-dir: the heads file to embed")
-
-
-def cmd_export_heads(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from ..model.released import export_heads, write_released
-
-    if args.out_dir is not None:
-        if args.heads is None:
-            raise ConfigError("--out-dir needs --heads FILE (the heads to embed)")
-        out.write(f"wrote {write_released(args.model, args.heads, args.out_dir)}: {args.model} with the draft "
-                  f"blocks of {args.heads} (config.json medusa_heads)\n")
-        return 0
-    if args.heads is not None:
-        raise ConfigError("--heads goes with --out-dir; --out exports the blocks embedded in --model")
-    _check_writable(args.out)
-    meta = export_heads(args.model, args.out)
-    out.write(f"wrote {args.out}: {meta.gamma} draft heads, model fingerprint {meta.fingerprint}\n")
-    return 0
-
-
-def _add_train_heads(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=Path, help="base model directory (default: the embedded model)")
-    p.add_argument("--data", type=Path, nargs="+", required=True,
-                   help='training text: .txt files (one document each) or .jsonl files ({"text": ...} per line)')
-    p.add_argument("--out", type=Path, required=True, help="heads file to write (safetensors); state in OUT.state")
-    p.add_argument("--gamma", type=int, default=3, help="number of draft heads (default 3)")
-    p.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200, the paper's)")
-    p.add_argument("--lr", type=float, default=5e-3, help="peak learning rate (default 5e-3)")
-    p.add_argument("--seq-len", type=int, default=2048, help="tokens per training window (default 2048)")
-    p.add_argument("--batch-size", type=int, default=1, help="windows per micro-batch (default 1)")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (default 1)")
-    p.add_argument("--warmup", type=int, default=None,
-                   help="warm-up steps before the cosine decay (default: 20, at most a tenth of --steps)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the window sampler (default 0)")
-    p.add_argument("--checkpoint-every", type=int, default=50, help="steps between resumable states (50)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT.state")
-    p.add_argument("--no-autocast", action="store_true", help="train without bf16 autocast")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    p.add_argument("--dtype", default="fp32", help="dtype of the frozen base model (default fp32)")
-
-
-def cmd_train_heads(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from ..model.checkpoint import default_model_dir
-    from ..train.loop import TrainConfig, train_heads
-
-    model = args.model or default_model_dir()
-    if model is None:
-        raise ConfigError("no --model given and this install has no embedded default model")
-    _check_writable(args.out)
-    cfg = TrainConfig(model=Path(model), data=tuple(args.data), out=args.out, gamma=args.gamma, steps=args.steps,
-                      lr=args.lr, seq_len=args.seq_len, batch_size=args.batch_size, grad_accum=args.grad_accum,
-                      warmup=args.warmup if args.warmup is not None else min(20, args.steps // 10), seed=args.seed,
-                      checkpoint_every=args.checkpoint_every,
-                      device=args.device, dtype=args.dtype, autocast=not args.no_autocast, resume=args.resume)
-    bar: Any = None
-
-    def progress(step: Any) -> None:
-        nonlocal bar
-        if args.quiet:
-            return
-        if bar is None:
-            from tqdm import tqdm
-
-            bar = tqdm(total=step.steps, initial=step.step - 1, unit="step", file=err, dynamic_ncols=True)
-        acc = " ".join(f"{a:.2f}" for a in step.head_accuracy)
-        bar.set_postfix_str(f"loss {step.loss:.3f} acc {acc} lr {step.lr:.1e}", refresh=False)
-        bar.update(1)
-
-    report = train_heads(cfg, progress)
-    if bar is not None:
-        bar.close()
-    acc = ", ".join(f"head {i + 1} {a:.3f}" for i, a in enumerate(report.head_accuracy))
-    out.write(f"wrote {report.out}: {report.steps} steps, loss {report.final_loss:.3f}, top-1 {acc}, "
-              f"{report.tokens_seen:,} tokens in {report.wall_seconds:.0f}s\n")
-    return 0
-
-
-def _add_demo(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="local model directory (default: the embedded model)")
-    p.add_argument("--prompt", default=DEMO_PROMPT, help="prompt text")
-    p.add_argument("--max-new-tokens", type=int, default=2048, help="tokens per method (default 2048)")
-    p.add_argument("--methods", default=None,
-                   help="comma-separated from ar, tokenswift, hf (default: ar,tokenswift with heads, else ar,hf)")
-    add_speculation(p)
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    p.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto")
-
-
-DEMO_PROMPT = "ACT I. SCENE I.\nLondon. A room in the palace.\n\nEnter the KING, GLOUCESTER, and attendants.\n\nKING.\n"
-
-
-def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from ..api import load
-    from .demo import run_demo
-
-    speculation = speculation_from(args, args.device)
-    engine = load(args.model, heads=args.heads, device=args.device, dtype=args.dtype)
-    default = "ar,tokenswift" if engine.heads is not None else "ar,hf"
-    methods = tuple(m.strip() for m in (args.methods or default).split(",") if m.strip())
-    unknown = set(methods) - {"ar", "hf", "tokenswift"}
-    if unknown or not methods:
-        raise ConfigError(f"unknown methods {sorted(unknown)}; use ar, tokenswift, hf")
-    err.write(f"longswift demo: {args.max_new_tokens} greedy tokens per method on {engine.checkpoint.path} "
-              f"({engine.device}, {str(engine.dtype).removeprefix('torch.')})\n")
-    report = run_demo(engine, args.prompt, args.max_new_tokens, methods, speculation)
-    out.write(args.prompt + report.text + "\n\n")
-    for run in report.runs:
-        out.write(f"{run.name:>10}: {len(run.token_ids)} tokens, {run.decode_s:7.2f} s decode, "
-                  f"{run.tokens_per_s:8.1f} tok/s, speedup over ar {report.speedup(run.name):.2f}x\n")
-    out.write(f"outputs identical across methods: {report.identical()}\n")
-    for name, comparison in report.comparisons().items():
-        if not comparison.identical:  # a near-tie is explained, never hidden
-            out.write(f"{name} vs {report.runs[0].name}: {comparison.describe()}\n")
-    return 0 if report.explained() else 1
 
 
 def _add_generate(p: argparse.ArgumentParser, one_prompt: bool = True) -> None:
@@ -226,17 +102,9 @@ def _read_prompt(args: argparse.Namespace) -> str:
     return text
 
 
-def _check_writable(path: Path | None) -> None:
-    if path is None:
-        return
-    parent = path.resolve().parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ConfigError(f"cannot write {path}")
-
-
 def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from ..api import load, resolve_device, resolve_dtype
-    from ..model.checkpoint import Checkpoint, default_model_dir
+    from ..model.checkpoint import Checkpoint, model_dir_or_default
     from .scale import RankErrors, dry_run, one_group, shared_stop
     from ..jobs.state import JobState, TextSink, run_job
     from ..jobs.memory import plan_memory
@@ -247,13 +115,11 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         prompt = _read_prompt(args)
         args.quiet = args.quiet or not ranks.lead  # only the group lead writes (output, stats, checkpoints)
         for path in (args.stats_json, args.output, args.checkpoint) if ranks.lead else ():
-            _check_writable(path)
+            check_writable(path)
         if args.resume and args.checkpoint is None:
             raise ConfigError("--resume needs --checkpoint FILE")
         resume = JobState.load(args.checkpoint) if args.resume and args.tp == 1 else None
-        model_dir = args.model or default_model_dir()
-        if model_dir is None:
-            raise ConfigError("no --model given and this install has no embedded default model")
+        model_dir = model_dir_or_default(args.model)
         if args.dry_run:
             out.write(dry_run(args, Path(model_dir), prompt, None if args.mode == "ar" else speculation) + "\n")
             return 0

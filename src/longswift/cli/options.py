@@ -4,6 +4,7 @@ become configuration objects: one definition, so the commands cannot drift apart
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +86,12 @@ def add_hardware(p: argparse.ArgumentParser, compile_note: str = "") -> Any:
                         "on GPUs); auto = where measured to pay (default; currently nowhere, see BENCHMARKS.md)"
                         + compile_note)
     return d
+
+
+def check_writable(path: Path | None) -> None:
+    """Fail before any work if an output file could not be written (a long job must not fail at its end)."""
+    if path is None:
+        return
+    parent = path.resolve().parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ConfigError(f"cannot write {path}")

@@ -119,18 +119,15 @@ def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
     """Run the batch: this process's group takes its share; rank 0 writes results.jsonl once every group is done."""
     from ..api import load, resolve_device
     from ..jobs.batch import BatchOptions, BatchRunner, check_out_dir, read_prompts, share, write_results
-    from ..model.checkpoint import Checkpoint, default_model_dir
-    from .main import EXIT_INTERRUPTED
-    from .job import StopOnSignal
+    from ..model.checkpoint import Checkpoint, model_dir_or_default
+    from .job import EXIT_INTERRUPTED, StopOnSignal
     from .options import sampling_from, speculation_from
     from ..parallel import start
 
     with RankErrors(args.tp) as ranks:
         sampling, speculation = sampling_from(args), speculation_from(args, args.device)
         items = read_prompts(args.prompts)
-        model_dir = args.model or default_model_dir()
-        if model_dir is None:
-            raise ConfigError("no --model given and this install has no embedded default model")
+        model_dir = model_dir_or_default(args.model)
         ckpt = Checkpoint.open(model_dir)
         check_split(ckpt.config, args.tp)
         layout = layout_from_env(args.tp)

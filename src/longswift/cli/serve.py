@@ -1,6 +1,6 @@
 """The `longswift serve` subcommand: flags -> `ServeConfig`, load the engine, run uvicorn.
 
-Registered from `cli.py`; FastAPI and uvicorn are imported only when the command runs, so the rest of the CLI
+Registered from `cli.main`; FastAPI and uvicorn are imported only when the command runs, so the rest of the CLI
 works without them.
 """
 
@@ -69,11 +69,9 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise ConfigError(f"longswift serve needs FastAPI and uvicorn ({exc.name} is missing): "
                           "pip install 'longswift[serve]'") from None
     from ..api import load
-    from ..model.checkpoint import default_model_dir
+    from ..model.checkpoint import model_dir_or_default
 
-    model_dir = Path(args.model) if args.model else default_model_dir()
-    if model_dir is None:
-        raise ConfigError("no --model given and this install has no embedded default model")
+    model_dir = model_dir_or_default(args.model)
     config = serve_config(args, model_dir, embedded=args.model is None)
     engine = load(model_dir, heads=args.heads, device=args.device, dtype=args.dtype, compile=args.compile)
     if engine.heads_note:

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, LongswiftError, PromptError
-from .state import JobState, TextSink, _atomic_write, run_job
+from ..files import atomic_write
+from .state import JobState, TextSink, run_job
 
 SAFE_ID = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -148,7 +149,7 @@ class BatchRunner:
     def _finish(self, item: BatchItem, fields: dict[str, Any]) -> None:
         line = {"id": item.id, "line": item.line, **fields}
         if self.writes:
-            _atomic_write(self._result_path(item), json.dumps(line).encode("utf-8"))
+            atomic_write(self._result_path(item), json.dumps(line).encode("utf-8"))
             what = f"error: {fields['error']}" if "error" in fields else \
                 f"{fields['tokens']} tokens, {fields['finish_reason']}"
             self.report(f"[longswift] {item.id}: {what}")
@@ -175,7 +176,7 @@ def results_lines(items: list[BatchItem], out_dir: Path) -> list[dict[str, Any]]
 
 
 def write_results(path: Path, lines: list[dict[str, Any]]) -> None:
-    _atomic_write(path, "".join(json.dumps(line) + "\n" for line in lines).encode("utf-8"))
+    atomic_write(path, "".join(json.dumps(line) + "\n" for line in lines).encode("utf-8"))
 
 
 def check_out_dir(out_dir: Path) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LongswiftError, ResumeError
+from ..files import atomic_write
 
 FORMAT = "longswift-job/1"
 
@@ -40,7 +41,7 @@ class JobState:
     def save(self, path: str | Path) -> None:
         payload = asdict(self)
         document = {"format": FORMAT, "sha256": _digest(payload), "payload": payload}
-        _atomic_write(Path(path), json.dumps(document).encode("utf-8"))
+        atomic_write(Path(path), json.dumps(document).encode("utf-8"))
 
     @classmethod
     def load(cls, path: str | Path) -> JobState:
@@ -84,18 +85,6 @@ def _digest(payload: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8")).hexdigest()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 class TextSink:

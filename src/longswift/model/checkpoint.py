@@ -141,6 +141,16 @@ def default_model_dir() -> Path | None:
     return root if (root / "config.json").is_file() else None
 
 
+def model_dir_or_default(model: str | Path | None) -> Path:
+    """The model directory asked for, or the embedded one; the one place that says neither exists."""
+    if model is not None:
+        return Path(model)
+    root = default_model_dir()
+    if root is None:
+        raise CheckpointError("no model given (--model DIR) and this install has no embedded default model")
+    return root
+
+
 def heads_beside(model_dir: Path) -> Path | None:
     """Draft heads stored in the model directory under the conventional name, if any."""
     path = model_dir / HEADS_FILE

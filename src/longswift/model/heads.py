@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import HeadsError
+from ..files import atomic_write
 from .transformer import RMSNorm, Transformer
 
 FORMAT = "longswift-draft-heads/1"
@@ -90,10 +91,16 @@ class DraftHeads(nn.Module):
         return self.blocks[0].proj.weight.dtype
 
     def save(self, path: str | Path) -> None:
-        from safetensors.torch import save_file
+        """Write the heads (safetensors, with `meta` as metadata) so that `path` is the old file or all of the new.
+
+        The counterpart of `load`; the file gets the usual permissions (safetensors' own writer makes it 0600).
+        """
+        from safetensors.torch import save
 
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(tensors, str(path), metadata={"longswift": json.dumps(asdict(self.meta))})
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(out, save(tensors, metadata={"longswift": json.dumps(asdict(self.meta))}))
 
     @classmethod
     def load(cls, path: str | Path, fingerprint: str, device: torch.device | str = "cpu",

@@ -139,14 +139,12 @@ def _block_state(stored: dict[str, Tensor], gamma: int | None, hidden: int, wher
 
 def export_heads(model_dir: str | Path, out: str | Path) -> HeadsMeta:
     """Write the blocks embedded in a released-format directory as a longswift heads file (fp32, model fingerprint)."""
-    from ..train.loop import save_heads
-
     checkpoint = Checkpoint.open(model_dir)
     loaded = load_embedded(checkpoint, checkpoint.fingerprint())
     if loaded is None:
         raise HeadsError(f"{checkpoint.path} holds no draft blocks (no medusa_heads in config.json, no {PREFIX}* "
                          "tensors)")
-    save_heads(loaded.heads, Path(out))
+    loaded.heads.save(Path(out))
     return loaded.heads.meta
 
 

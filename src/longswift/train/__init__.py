@@ -1,12 +1,14 @@
 """Training TokenSwift's draft heads on a frozen base model (`longswift train-heads`).
 
-The trainer lives in `loop`; its public names are re-exported here, where they were before the package existed.
+Modules: `data` (documents -> one token stream -> random windows) and `loop` (configuration, the loss, the
+optimizer, resumable state, evaluation). The public names are re-exported here, where they were before the
+package existed.
 """
 
-from .loop import (STATE_FORMAT, STATE_KEY, StepStats, TrainConfig, TrainReport, evaluate_heads, load_state,
-                   load_token_stream, lr_at, make_optimizer, read_texts, sample_windows, save_heads, save_state,
-                   token_stream, train_heads)
+from .data import load_token_stream, read_texts, sample_windows, token_stream
+from .loop import (STATE_FORMAT, STATE_KEY, StepStats, TrainConfig, TrainReport, evaluate_heads, load_state, lr_at,
+                   make_optimizer, save_state, train_heads)
 
 __all__ = ["STATE_FORMAT", "STATE_KEY", "StepStats", "TrainConfig", "TrainReport", "evaluate_heads", "load_state",
-           "load_token_stream", "lr_at", "make_optimizer", "read_texts", "sample_windows", "save_heads",
-           "save_state", "token_stream", "train_heads"]
+           "load_token_stream", "lr_at", "make_optimizer", "read_texts", "sample_windows", "save_state",
+           "token_stream", "train_heads"]

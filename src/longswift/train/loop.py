@@ -15,7 +15,6 @@ Nothing here prints: progress goes to an optional callback (the CLI turns it int
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -36,6 +35,7 @@ from ..model.checkpoint import DTYPES, Checkpoint
 from ..errors import ConfigError, HeadsError
 from ..model.heads import DraftHeads
 from ..model.transformer import Transformer
+from .data import load_token_stream, sample_windows, stream_digest
 
 STATE_FORMAT = "longswift-train-state/1"
 STATE_KEY = "longswift-train-state"
@@ -149,67 +149,6 @@ class _RunState:
     tokens_seen: int = 0
     seconds: float = 0.0
     recent: deque[StepStats] = field(default_factory=lambda: deque(maxlen=REPORT_WINDOW))
-
-
-# ---------------------------------------------------------------------------------------------------- data
-
-
-def read_texts(paths: Sequence[Path]) -> list[str]:
-    """Documents from .txt files (a whole file is one document) and .jsonl files (one {"text": ...} per line)."""
-    texts: list[str] = []
-    for path in paths:
-        if not Path(path).is_file():
-            raise ConfigError(f"training data file not found: {path}")
-        if Path(path).suffix.lower() == ".jsonl":
-            texts += _jsonl_texts(Path(path))
-        else:
-            texts.append(Path(path).read_text(encoding="utf-8"))
-    return [t for t in texts if t]
-
-
-def _jsonl_texts(path: Path) -> list[str]:
-    texts = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise ConfigError(f"{path}:{number}: expected an object with a string \"text\" field")
-        texts.append(record["text"])
-    return texts
-
-
-def token_stream(tokenizer: Any, texts: Sequence[str], eos_id: int) -> Tensor:
-    """Concatenate documents into one int64 stream (N,), each followed by EOS, as the base model saw in training."""
-    ids: list[int] = []
-    # verbose=False: documents longer than the model's context are expected here (windows are cut later).
-    for encoded in tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]:
-        ids += encoded
-        ids.append(eos_id)
-    return torch.tensor(ids, dtype=torch.int64)
-
-
-def load_token_stream(checkpoint: Checkpoint, paths: Sequence[Path]) -> Tensor:
-    """The token stream (N,) of data files, with the checkpoint's tokenizer and its first EOS id."""
-    tokenizer = checkpoint.load_tokenizer()
-    eos = checkpoint.eos_token_ids() or ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
-    if not eos:
-        raise ConfigError(f"the model in {checkpoint.path} defines no EOS token to separate training documents")
-    return token_stream(tokenizer, read_texts(paths), eos[0])
-
-
-def sample_windows(stream: Tensor, count: int, length: int, generator: torch.Generator) -> Tensor:
-    """`count` random windows of `length` tokens from `stream` (N,) -> (count, length); draws from `generator`."""
-    starts = torch.randint(0, len(stream) - length + 1, (count,), generator=generator)
-    return torch.stack([stream[s : s + length] for s in starts.tolist()])
-
-
-def _stream_digest(stream: Tensor) -> str:
-    """Identifies the training data in the resume state (resuming on other data would not reproduce the run)."""
-    return hashlib.sha256(stream.numpy().tobytes()).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------------------------------------------- math
@@ -366,7 +305,7 @@ def train_heads(cfg: TrainConfig, progress: Callable[[StepStats], None] | None =
     heads = DraftHeads.for_model(model, cfg.gamma, fingerprint).train()
     optimizer = make_optimizer(heads, cfg)
     generator = torch.Generator().manual_seed(cfg.seed)
-    meta = _state_meta(cfg, _run_identity(cfg, fingerprint, _stream_digest(stream)))
+    meta = _state_meta(cfg, _run_identity(cfg, fingerprint, stream_digest(stream)))
     run = load_state(cfg.state_path, heads, optimizer, generator, meta) if cfg.resume else _RunState()
     while run.step < cfg.steps:
         stats = _train_step(model, heads, optimizer, stream, generator, run, cfg)
@@ -374,7 +313,7 @@ def train_heads(cfg: TrainConfig, progress: Callable[[StepStats], None] | None =
             save_state(cfg.state_path, heads, optimizer, generator, run, meta)
         if progress is not None:
             progress(stats)
-    save_heads(heads, cfg.out)
+    heads.save(cfg.out)
     cfg.state_path.unlink(missing_ok=True)
     return _report(run, cfg)
 
@@ -405,22 +344,6 @@ def _train_step(model: Transformer, heads: DraftHeads, optimizer: torch.optim.Op
                       tokens / max(elapsed, 1e-9))
     run.recent.append(stats)
     return stats
-
-
-def save_heads(heads: DraftHeads, out: Path) -> None:
-    """Save through a temporary file so that `out` is either the old heads or the complete new ones."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    heads.save(tmp)
-    _usual_permissions(tmp)
-    os.replace(tmp, out)
-
-
-def _usual_permissions(path: Path) -> None:
-    """safetensors creates files as 0600; heads are meant to be shared like any file the user writes (umask)."""
-    umask = os.umask(0o022)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
 
 
 def _report(run: _RunState, cfg: TrainConfig) -> TrainReport:
