@@ -114,7 +114,12 @@ def add_demo(p: argparse.ArgumentParser) -> None:
     add_speculation(p)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto")
+    p.add_argument("--show-text", action="store_true",
+                   help=f"print the whole generated text (default: its first {EXCERPT_LINES} lines)")
 
+
+EXCERPT_LINES = 8  # enough to see that the text is text; the numbers are what the demo is for
+EXCERPT_CHARS = 600  # a model that writes no newlines still gets a short excerpt
 
 DEMO_PROMPT = "ACT I. SCENE I.\nLondon. A room in the palace.\n\nEnter the KING, GLOUCESTER, and attendants.\n\nKING.\n"
 
@@ -132,7 +137,7 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     err.write(f"longswift demo: {args.max_new_tokens} greedy tokens per method on {engine.checkpoint.path} "
               f"({engine.device}, {str(engine.dtype).removeprefix('torch.')})\n")
     report = run_demo(engine, args.prompt, args.max_new_tokens, methods, speculation)
-    out.write(args.prompt + report.text + "\n\n")
+    out.write((args.prompt + report.text + "\n\n") if args.show_text else excerpt(args.prompt, report.text))
     for run in report.runs:
         out.write(f"{run.name:>10}: {len(run.token_ids)} tokens, {run.decode_s:7.2f} s decode, "
                   f"{run.tokens_per_s:8.1f} tok/s, speedup over ar {report.speedup(run.name):.2f}x\n")
@@ -142,3 +147,15 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             out.write(f"{name} vs {report.runs[0].name}: {comparison.describe()}\n")
     return 0 if report.explained() else 1
 
+
+def excerpt(prompt: str, text: str) -> str:
+    """The prompt and the first lines of the generated text, between two marker lines (the demo's output).
+
+    The whole generation (2,048 tokens by default; the small model's greedy text loops) would push the numbers a
+    newcomer came for off the screen; `--show-text` prints all of it.
+    """
+    lines = (prompt + text).splitlines()
+    shown = "\n".join(lines[:EXCERPT_LINES])[:EXCERPT_CHARS]
+    cut = len(shown) < len(prompt + text)
+    tail = f"--- end of excerpt{' (--show-text prints all of it)' if cut else ''} ---\n\n"
+    return f"--- excerpt: the prompt, then the generated text ---\n{shown.rstrip()}\n{tail}"
