@@ -21,7 +21,7 @@ from longswift.model.checkpoint import Checkpoint
 from longswift.cli import main
 from longswift.model.released import BLOCKS_FILE, load_embedded
 from longswift.decode.drafting import Draft, _HeadsTop
-from longswift.train.loop import TrainConfig, train_heads
+from longswift.train import TrainConfig, train_heads
 
 TEXT = "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of " \
        "foolishness. "

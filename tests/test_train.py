@@ -13,7 +13,7 @@ import torch
 from longswift.model.checkpoint import Checkpoint
 from longswift.errors import ConfigError, HeadsError
 from longswift.model.heads import DraftHeads
-from longswift.train.loop import (STATE_KEY, StepStats, TrainConfig, evaluate_heads, load_token_stream, lr_at,
+from longswift.train import (STATE_KEY, StepStats, TrainConfig, evaluate_heads, load_token_stream, lr_at,
                              read_texts, train_heads)
 
 TEXT = "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of " \

@@ -15,14 +15,11 @@ Nothing here prints: progress goes to an optional callback (the CLI turns it int
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +29,12 @@ from torch import Tensor
 
 from ..model.cache import NoCache
 from ..model.checkpoint import DTYPES, Checkpoint
-from ..errors import ConfigError, HeadsError
+from ..errors import ConfigError
 from ..model.heads import DraftHeads
 from ..model.transformer import Transformer
 from .data import load_token_stream, sample_windows, stream_digest
+from .state import RunState, StepStats, load_state, save_state
 
-STATE_FORMAT = "longswift-train-state/1"
-STATE_KEY = "longswift-train-state"
-REPORT_WINDOW = 10  # the report's loss and accuracy are means over this many final steps
 
 
 @dataclass(frozen=True)
@@ -117,18 +112,6 @@ def _is_device(name: str) -> bool:
 
 
 @dataclass(frozen=True)
-class StepStats:
-    """What the progress callback receives after every optimizer step."""
-
-    step: int  # 1-based number of the step just taken
-    steps: int  # total steps of the run
-    loss: float  # summed cross-entropy of the γ heads (nats), mean over the step's micro-batches
-    head_accuracy: list[float]  # top-1 accuracy of heads 1..γ on this step's windows
-    lr: float  # learning rate used for this step
-    tokens_per_second: float  # base-model input tokens processed per second in this step
-
-
-@dataclass(frozen=True)
 class TrainReport:
     """The outcome of `train_heads`."""
 
@@ -139,16 +122,6 @@ class TrainReport:
     wall_seconds: float  # seconds spent in training steps, in all (including before a resume; not data loading)
     out: Path  # the saved heads file
     autocast: bool = False  # whether bf16 autocast was used
-
-
-@dataclass
-class _RunState:
-    """The mutable part of a run that must survive an interruption."""
-
-    step: int = 0
-    tokens_seen: int = 0
-    seconds: float = 0.0
-    recent: deque[StepStats] = field(default_factory=lambda: deque(maxlen=REPORT_WINDOW))
 
 
 # ---------------------------------------------------------------------------------------------------- math
@@ -212,65 +185,6 @@ def _optimizer_step(heads: DraftHeads, optimizer: torch.optim.Optimizer, lr: flo
 # ---------------------------------------------------------------------------------------------------- state
 
 
-def save_state(path: Path, heads: DraftHeads, optimizer: torch.optim.Optimizer, generator: torch.Generator,
-               run: _RunState, meta: dict[str, Any]) -> None:
-    """Write the resumable state atomically: a crash mid-write leaves the previous state intact."""
-    from safetensors.torch import save_file
-
-    tensors = {f"heads.{k}": v.detach().cpu().contiguous() for k, v in heads.state_dict().items()}
-    for index, slots in optimizer.state_dict()["state"].items():
-        tensors.update({f"optim.{index}.{k}": torch.as_tensor(v).cpu().contiguous() for k, v in slots.items()})
-    header = {**meta, "format": STATE_FORMAT, "step": run.step, "tokens_seen": run.tokens_seen,
-              "seconds": run.seconds, "recent": [asdict(s) for s in run.recent],
-              "generator": bytes(generator.get_state().tolist()).hex()}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={STATE_KEY: json.dumps(header)})
-    os.replace(tmp, path)
-
-
-def load_state(path: Path, heads: DraftHeads, optimizer: torch.optim.Optimizer, generator: torch.Generator,
-               meta: dict[str, Any]) -> _RunState:
-    """Restore heads, optimizer and generator from `path`; refuse a state written by a different run."""
-    header, tensors = _read_state(path)
-    _check_same_run(path, header, meta["run"])
-    heads.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("heads.")})
-    slots: dict[int, dict[str, Tensor]] = {}
-    for key, value in tensors.items():
-        if key.startswith("optim."):
-            _, index, name = key.split(".", 2)
-            slots.setdefault(int(index), {})[name] = value
-    optim_state = optimizer.state_dict()
-    optimizer.load_state_dict({"state": slots, "param_groups": optim_state["param_groups"]})
-    generator.set_state(torch.tensor(list(bytes.fromhex(header["generator"])), dtype=torch.uint8))
-    recent = deque((StepStats(**s) for s in header["recent"]), maxlen=REPORT_WINDOW)
-    return _RunState(header["step"], header["tokens_seen"], header["seconds"], recent)
-
-
-def _read_state(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    from safetensors import SafetensorError, safe_open
-
-    if not path.is_file():
-        raise ConfigError(f"cannot resume: no training state at {path}")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            header = json.loads((f.metadata() or {}).get(STATE_KEY, "null"))
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise HeadsError(f"corrupt training state {path}: {str(exc).splitlines()[0]}") from None
-    if not isinstance(header, dict) or header.get("format") != STATE_FORMAT:
-        raise HeadsError(f"{path} is not a longswift training state ({STATE_FORMAT})")
-    return header, tensors
-
-
-def _check_same_run(path: Path, header: dict[str, Any], identity: dict[str, Any]) -> None:
-    """Resuming is only meaningful for the run that wrote the state: same model, data and settings."""
-    stored = header.get("run", {})
-    differing = [k for k in identity if stored.get(k) != identity[k]]
-    if differing:
-        detail = "; ".join(f"{k}: state {stored.get(k)!r}, now {identity[k]!r}" for k in differing[:3])
-        raise ConfigError(f"cannot resume from {path}: it was written by a different run ({detail})")
-
-
 def _run_identity(cfg: TrainConfig, fingerprint: str, digest: str) -> dict[str, Any]:
     """The settings that determine the heads, flat; a resumed run must match them exactly."""
     ignored = {"model", "data", "out", "resume", "checkpoint_every", "device"}
@@ -306,7 +220,7 @@ def train_heads(cfg: TrainConfig, progress: Callable[[StepStats], None] | None =
     optimizer = make_optimizer(heads, cfg)
     generator = torch.Generator().manual_seed(cfg.seed)
     meta = _state_meta(cfg, _run_identity(cfg, fingerprint, stream_digest(stream)))
-    run = load_state(cfg.state_path, heads, optimizer, generator, meta) if cfg.resume else _RunState()
+    run = load_state(cfg.state_path, heads, optimizer, generator, meta) if cfg.resume else RunState()
     while run.step < cfg.steps:
         stats = _train_step(model, heads, optimizer, stream, generator, run, cfg)
         if cfg.checkpoint_every and (run.step % cfg.checkpoint_every == 0) and run.step < cfg.steps:
@@ -325,7 +239,7 @@ def _check_model_fits(cfg: TrainConfig, checkpoint: Checkpoint) -> None:
 
 
 def _train_step(model: Transformer, heads: DraftHeads, optimizer: torch.optim.Optimizer, stream: Tensor,
-                generator: torch.Generator, run: _RunState, cfg: TrainConfig) -> StepStats:
+                generator: torch.Generator, run: RunState, cfg: TrainConfig) -> StepStats:
     """One optimizer step over `grad_accum` micro-batches; updates `run` and returns the step's statistics."""
     started = time.perf_counter()
     loss_sum, correct_sum = 0.0, torch.zeros(cfg.gamma)
@@ -346,7 +260,7 @@ def _train_step(model: Transformer, heads: DraftHeads, optimizer: torch.optim.Op
     return stats
 
 
-def _report(run: _RunState, cfg: TrainConfig) -> TrainReport:
+def _report(run: RunState, cfg: TrainConfig) -> TrainReport:
     recent = list(run.recent)
     accuracy = [sum(s.head_accuracy[i] for s in recent) / len(recent) for i in range(cfg.gamma)]
     return TrainReport(run.step, sum(s.loss for s in recent) / len(recent), accuracy, run.tokens_seen,
