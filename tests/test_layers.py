@@ -22,8 +22,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("decode",),  # AR and TokenSwift decoders and their parts
     ("jobs",),  # job state, batch files, memory plan
     ("parallel",),  # tensor parallelism over torch.distributed
+    ("launch",),  # one way to start a job: checkpoint, split check, memory plan, process group
     ("api",),  # longswift.load -> Engine
-    ("launch", "train"),  # one launch path; head training
+    ("train",),  # head training
     ("bench", "serve"),  # front ends as libraries
     ("cli",),  # argv and printing
     ("__init__", "__main__"),  # the package's face, `python -m longswift`

@@ -14,7 +14,7 @@ import longswift
 from longswift import SamplingConfig
 from longswift.model.checkpoint import Checkpoint
 from longswift.config import SpeculationConfig
-from longswift.decode.drafting import Draft
+from longswift.decode.drafting import Draft, keyed_on_first_draft
 from longswift.model.heads import DraftHeads
 from longswift.decode.tokenswift import TokenSwiftDecoder
 
@@ -81,6 +81,17 @@ def test_greedy_tokenswift_equals_greedy_ar(arch, tree, k, budget, penalty, chec
 
 class OracleDrafter:
     """Test double: drafts exactly the target's greedy continuation (known from an AR run)."""
+
+    # The Drafter protocol's answers of the paper's drafter, which the specs of these tests name (draft="partial").
+    needs_queries = True
+    can_skip = False
+    chains_from_root = False
+
+    def ngram_key(self, root, draft):
+        return keyed_on_first_draft(root, draft)
+
+    def stats(self):
+        return {"partial_cache_selections": 0}
 
     def __init__(self, prompt_len: int, future: list[int], tree: tuple[int, ...]) -> None:
         self.prompt_len, self.future, self.tree = prompt_len, future, tree

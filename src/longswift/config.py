@@ -9,9 +9,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from .errors import CheckpointError, ConfigError
+
+# The choices that used to be free strings; `get_args` turns each into the tuple that validation checks against.
+Mode = Literal["auto", "tokenswift", "ar"]  # auto = TokenSwift when draft heads are loaded, else AR
+CompileChoice = Literal["auto", "on", "off"]  # static-shape compiled forwards (model/compiled.py)
+Draft = Literal["partial", "fused"]  # how TokenSwift drafts (SpeculationConfig)
+Candidates = Literal["all", "adaptive"]  # which candidates it verifies (SpeculationConfig)
+MODES: tuple[str, ...] = get_args(Mode)
+COMPILE_CHOICES: tuple[str, ...] = get_args(CompileChoice)
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -188,8 +196,8 @@ class SamplingConfig:
     @classmethod
     def paper(cls, **changes: float) -> SamplingConfig:
         """The TokenSwift paper's long-generation settings: temperature 1, min-p 0.1, penalty 1.2 over 1024 tokens."""
-        base: dict[str, float | int] = dict(temperature=1.0, min_p=0.1, repetition_penalty=1.2, penalty_window=1024)
-        return cls(**{**base, **changes})  # type: ignore[arg-type]
+        base: dict[str, Any] = dict(temperature=1.0, min_p=0.1, repetition_penalty=1.2, penalty_window=1024)
+        return cls(**{**base, **changes})
 
 
 @dataclass(frozen=True)
@@ -211,8 +219,8 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-DRAFT_MODES = ("partial", "fused")
-CANDIDATE_MODES = ("all", "adaptive")
+DRAFT_MODES: tuple[str, ...] = get_args(Draft)
+CANDIDATE_MODES: tuple[str, ...] = get_args(Candidates)
 
 
 @dataclass(frozen=True)
@@ -231,8 +239,8 @@ class SpeculationConfig:
     ngram_n: int = 4  # n-gram length
     kv_budget: int = 4096  # rows of the partial cache that drafting attends to
     sink_tokens: int = 16  # leading rows always kept in the partial cache
-    draft: str = "partial"  # "partial" (the paper's drafting forward) or "fused" (from the verification forward)
-    candidates: str = "all"  # "all" (the paper's) or "adaptive" (cost-aware subset)
+    draft: Draft = "partial"  # "partial" (the paper's drafting forward) or "fused" (from the verification forward)
+    candidates: Candidates = "all"  # "all" (the paper's) or "adaptive" (cost-aware subset)
     lookup: int = 0  # length of a prompt-lookup chain (the text after the last earlier occurrence of its tail); 0 = off
 
     def __post_init__(self) -> None:
@@ -258,9 +266,9 @@ class SpeculationConfig:
         prompt-lookup chain of 16 and one n-gram chain as upper bounds, and the controller keeping only the
         candidates that pay for themselves, measured fastest on the embedded model (BENCHMARKS.md).
         """
-        base: dict[str, object] = {} if device_type == "cuda" else dict(
+        base: dict[str, Any] = {} if device_type == "cuda" else dict(
             tree=(1,), ngram_topk=1, lookup=16, draft="fused", candidates="adaptive")
-        return cls(**{**base, **changes})  # type: ignore[arg-type]
+        return cls(**{**base, **changes})
 
     def tree_nodes(self) -> int:
         """Nodes of the Cartesian head tree, root excluded."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 from pathlib import Path
 
 from ..config import SamplingConfig
@@ -56,7 +57,7 @@ def bench_sampling(sample: bool, repetition_penalty: float | None = None,
                    penalty_window: int | None = None) -> SamplingConfig:
     """The benchmark's sampling: greedy (penalty 1.2, window 1024) or the paper's sampling, with overrides."""
     base = SamplingConfig.paper() if sample else DEFAULT_GREEDY
-    changes = {k: v for k, v in (("repetition_penalty", repetition_penalty), ("penalty_window", penalty_window))
+    changes: dict[str, Any] = {k: v for k, v in (("repetition_penalty", repetition_penalty), ("penalty_window", penalty_window))
                if v is not None}
     return replace(base, **changes)
 

@@ -172,7 +172,7 @@ def fp32_identity(device: torch.device, n: int = 1000, compiled: bool = True) ->
         engine._static = StaticForward(engine.model, compiled=False)
     prompt = "ACT I. SCENE I.\nLondon. A room in the palace.\n"
     ar = engine.generate(prompt, n, ignore_eos=True, mode="ar", compile="off").token_ids
-    out = {}
+    out: dict[str, Any] = {}
     for mode in ("ar", "tokenswift"):
         for choice in ("off", "on"):
             if (mode, choice) == ("ar", "off"):
@@ -193,7 +193,7 @@ def hf_ms_per_token(hf: Any, ctx: int, n: int, device: torch.device) -> dict[str
     ids = torch.randint(hf.config.vocab_size, (1, ctx), generator=torch.Generator().manual_seed(0)).to(device)
     out: dict[str, Any] = {"context": ctx}
     for label in ("first_call", "timed"):
-        marks = _StreamMarks(lambda: (sync(device), time.perf_counter())[1], lambda count: None)
+        marks = _StreamMarks(lambda: _synced_now(device), lambda count: None)
         t0 = time.perf_counter()
         with torch.inference_mode(), _quiet_transformers():
             hf.generate(ids, max_new_tokens=n, do_sample=False, cache_implementation="static", eos_token_id=None,
@@ -204,3 +204,9 @@ def hf_ms_per_token(hf: Any, ctx: int, n: int, device: torch.device) -> dict[str
             (t_last, count) = marks.marks[-1]
             out["ms_per_token"] = round(t_last / max(count - 1, 1) * 1e3, 3)
     return out
+
+
+def _synced_now(device: torch.device) -> float:
+    """The clock after the device has finished its queued work (what a streamed token's time must be)."""
+    sync(device)
+    return time.perf_counter()

@@ -7,9 +7,9 @@ Specs look like "ar,hf,tokenswift:tree=1-3-3,k=8,budget=1024": kinds are comma-s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from ..config import SpeculationConfig
+from ..config import Candidates, SpeculationConfig
 from ..errors import ConfigError
 
 ENGINE_KINDS = ("ar", "tokenswift")
@@ -97,7 +97,7 @@ def _method(group: list[str]) -> Method:
         replay = _replay(options, name)
         if replay is not None:
             spec = SpeculationConfig(draft="fused", tree=(1,) * replay.depth, ngram_topk=0, lookup=0,
-                                     candidates=options.pop("cand", "all"))
+                                     candidates=cast(Candidates, options.pop("cand", "all")))
             if options:
                 raise ConfigError(f"drafter=replay in {name!r} takes accept, depth, cand, attn and compile; "
                                   f"got {sorted(options)}")

@@ -11,16 +11,17 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from ..model.checkpoint import Checkpoint
-from ..config import SpeculationConfig
+from ..config import Mode, SpeculationConfig
 from ..errors import CheckpointError, ConfigError, PromptError
 from .identity import near_tie_bound
 from .profile import run_profile
 from ..decode.replay import ReplayDrafter
+from ..jobs.request import GenerationRequest
 from .config import BenchConfig
 from .hf import _load_hf, _quiet_transformers, _StreamMarks, hf_cache_kwargs, hf_processing
 from .methods import HF_KINDS, Method
@@ -168,9 +169,9 @@ class _Runner:
 
     def _engine_run(self, method: Method, prompt: list[int], n: int, tick: Callable[[int], None]) -> _Observation:
         # stream() runs the prefill before returning; decoding starts with the first next().
-        stream = self.engine.stream(prompt, n, sampling=self.cfg.sampling, seed=self.cfg.seed, ignore_eos=True,
-                                    mode=method.kind, speculation=method.speculation, record_margins=True,
-                                    compile=method.compile, drafter=self._replay(method, prompt, n))
+        stream = self.engine.stream(self._request(prompt, n, method.kind, speculation=method.speculation,
+                                                  record_margins=True, compile=method.compile,
+                                                  drafter=self._replay(method, prompt, n)))
         marks, count = [], 0
         t0 = self.now()
         for piece in stream:
@@ -182,6 +183,12 @@ class _Runner:
         assert result is not None
         return _Observation(result.token_ids, result.stats["prefill_s"], marks, dict(result.stats), result.margins)
 
+    def _request(self, prompt: list[int], n: int, mode: str, **settings: Any) -> GenerationRequest:
+        """A fixed-length request with the bench's sampling and seed, the same for every method."""
+        # An engine method's kind is an engine mode (methods.ENGINE_KINDS); the request checks it again.
+        return GenerationRequest(tuple(prompt), n, self.cfg.sampling, seed=self.cfg.seed, ignore_eos=True,
+                                 mode=cast(Mode, mode), **settings)
+
     def _replay(self, method: Method, prompt: list[int], n: int) -> ReplayDrafter | None:
         """The replay drafter for a synthetic method, over the AR output of this prompt and length (generated
         untimed here when no `ar` method ran it first)."""
@@ -189,8 +196,7 @@ class _Runner:
             return None
         key = (tuple(prompt), n)
         if key not in self.references:
-            result = self.engine.generate(prompt, n, sampling=self.cfg.sampling, seed=self.cfg.seed, ignore_eos=True,
-                                          mode="ar")
+            result = self.engine.generate(self._request(prompt, n, "ar"))
             self.references[key] = list(prompt) + result.token_ids
         return ReplayDrafter(self.references[key], method.replay.accept, method.replay.depth,
                              self.engine.model.cfg.vocab_size, seed=self.cfg.seed)
@@ -207,6 +213,7 @@ class _Runner:
         ids = torch.tensor([prompt], device=self.device)
         if not self.cfg.sampling.greedy:
             torch.manual_seed(self.cfg.seed)  # transformers samples from the global generator
+        assert self.hf_model is not None, "hf methods load transformers' model first"
         with torch.inference_mode(), _quiet_transformers():
             out = self.hf_model.generate(ids, max_new_tokens=n, eos_token_id=None, pad_token_id=0,
                                          logits_processor=processors, streamer=streamer, **kwargs)

@@ -10,14 +10,15 @@ import argparse
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import torch
 
 from ..api import Engine
-from ..config import SamplingConfig, SpeculationConfig
+from ..config import Mode, SamplingConfig, SpeculationConfig
 from ..bench.identity import NEAR_TIE_FP32, Comparison, compare, near_tie_bound
 from ..errors import ConfigError
+from ..jobs.request import GenerationRequest
 from .options import add_speculation, speculation_from
 
 
@@ -81,8 +82,9 @@ def _run(engine: Engine, name: str, prompt: str, n: int, sampling: SamplingConfi
          speculation: SpeculationConfig | None) -> tuple[MethodRun, str]:
     if name == "hf":
         return _run_transformers(engine, prompt, n, sampling)
-    result = engine.generate(prompt, n, sampling=sampling, ignore_eos=True, mode=name, speculation=speculation,
-                             record_margins=True)
+    mode: Mode = "tokenswift" if name == "tokenswift" else "ar"
+    result = engine.generate(GenerationRequest(prompt, n, sampling, ignore_eos=True, mode=mode, speculation=speculation,
+                                               record_margins=True))
     return MethodRun(name, result.token_ids, result.stats["decode_s"], result.margins), result.text
 
 
@@ -90,7 +92,8 @@ def _run_transformers(engine: Engine, prompt: str, n: int, sampling: SamplingCon
     """`transformers` generate on the same checkpoint, greedy, with its static cache; decode time only."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(engine.checkpoint.path, dtype=engine.dtype).to(engine.device)
+    model: Any = AutoModelForCausalLM.from_pretrained(engine.checkpoint.path, dtype=engine.dtype)
+    model = model.to(engine.device)
     ids = torch.tensor([engine.encode(prompt)], device=engine.device)
     kwargs = dict(do_sample=False, repetition_penalty=sampling.repetition_penalty, eos_token_id=None,
                   pad_token_id=0, cache_implementation="static")

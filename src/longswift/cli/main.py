@@ -10,13 +10,15 @@ import argparse
 import io
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from .demo import add_demo, cmd_demo
 from .heads import add_export_heads, add_train_heads, cmd_export_heads, cmd_train_heads
 from .job import EXIT_INTERRUPTED, EXIT_USER_ERROR, Progress, StopOnSignal, compiling, summary
-from .options import add_hardware, add_sampling, add_speculation, check_writable, sampling_from, speculation_from
+from .options import (add_hardware, add_sampling, add_speculation, check_writable, launch_from, request_from,
+                      sampling_from, speculation_from)
 from ..errors import ConfigError, LongswiftError, PromptError, UsageError
 from .serve import add_serve_parser, cmd_serve  # FastAPI and uvicorn are imported only by cmd_serve
 
@@ -103,12 +105,11 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 
 def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from ..api import load, resolve_device, resolve_dtype
-    from ..model.checkpoint import Checkpoint, model_dir_or_default
-    from .scale import RankErrors, dry_run, one_group, shared_stop
+    from ..api import Engine
     from ..jobs.state import JobState, TextSink, run_job
-    from ..jobs.memory import plan_memory
-    from ..parallel import check_split, start
+    from ..launch import Launch
+    from ..model.checkpoint import model_dir_or_default
+    from .scale import RankErrors, dry_run, one_group, shared_stop
 
     with RankErrors(args.tp) as ranks:
         sampling, speculation = sampling_from(args), speculation_from(args, args.device)
@@ -119,35 +120,29 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if args.resume and args.checkpoint is None:
             raise ConfigError("--resume needs --checkpoint FILE")
         resume = JobState.load(args.checkpoint) if args.resume and args.tp == 1 else None
-        model_dir = model_dir_or_default(args.model)
+        request = request_from(args, prompt, sampling, speculation)
+        spec = None if args.mode == "ar" else speculation
         if args.dry_run:
-            out.write(dry_run(args, Path(model_dir), prompt, None if args.mode == "ar" else speculation) + "\n")
+            out.write(dry_run(args, model_dir_or_default(args.model), prompt, spec) + "\n")
             return 0
-        ckpt = Checkpoint.open(model_dir)
-        check_split(ckpt.config, args.tp)
+        launch = Launch(launch_from(args))
         layout = one_group(args.tp)  # torchrun's environment; one tensor-parallel group runs this job
-        device = resolve_device(args.device)
-        prompt_len = len(ckpt.load_tokenizer()(prompt)["input_ids"])
-        plan_memory(ckpt.config, resolve_dtype(args.dtype, device), device, prompt_len, args.max_new_tokens,
-                    None if args.mode == "ar" else speculation, args.tp).check()
-        parallel = ranks.started(start(layout, device))
+        launch.check_memory(launch.prompt_tokens(prompt), args.max_new_tokens, spec)
+        parallel = ranks.started(launch.start(layout))
         if args.resume and parallel is not None:  # the lead's file; the others receive it
-            resume = parallel.share(lambda: JobState.load(args.checkpoint))
-        engine = load(ckpt.path, heads=args.heads, device=args.device, dtype=args.dtype, compile=args.compile,
-                      tp=parallel or 1)
+            resume = launch.share(lambda: JobState.load(args.checkpoint))
+        engine = Engine.launched(launch)
         if engine.heads_note and not args.quiet:
             err.write(f"longswift: note: {engine.heads_note}\n")
         with compiling(engine, err if not args.quiet else None):
-            stream = engine.stream(prompt, args.max_new_tokens, sampling=sampling, seed=args.seed,
-                                   stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos, mode=args.mode,
-                                   speculation=speculation, resume=resume)
+            stream = engine.stream(replace(request, resume=resume))
         lead_out = out if layout.is_lead else io.StringIO()
         sink = (TextSink.open_file(args.output, resume.text if resume else None) if args.output and layout.is_lead
                 else TextSink(lead_out))
         progress = Progress(args, err, stream, already=len(resume.generated_ids) if resume else 0)
         with StopOnSignal() as signals:
             finished = run_job(stream, sink, args.checkpoint if layout.is_lead else None, args.checkpoint_every,
-                               shared_stop(parallel, signals.requested, device), progress.update)
+                               shared_stop(parallel, signals.requested, launch.device), progress.update)
         progress.close()
         if args.output is None:
             lead_out.write("\n")
@@ -260,7 +255,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
     except SystemExit as exc:  # argparse --help / --version
         return int(exc.code or 0)
     except LongswiftError as exc:
-        if not getattr(exc, "silent", False):  # a tensor-parallel rank whose lead prints the same line
+        if not exc.silent:  # a tensor-parallel rank whose lead prints the same line
             err.write(f"longswift: error: {exc}\n")
         return EXIT_USER_ERROR
     except KeyboardInterrupt:

@@ -61,7 +61,7 @@ def add_speculation(p: argparse.ArgumentParser) -> None:
 
 def speculation_from(args: argparse.Namespace, device: str) -> Any:
     """The SpeculationConfig of `add_speculation`'s options: the device's defaults, changed where a flag was given."""
-    from ..api import resolve_device
+    from ..model.device import resolve_device
     from ..config import SpeculationConfig
 
     changes: dict[str, Any] = {"kv_budget": args.kv_budget, "sink_tokens": args.sink_tokens}
@@ -95,3 +95,18 @@ def check_writable(path: Path | None) -> None:
     parent = path.resolve().parent
     if not parent.is_dir() or not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise ConfigError(f"cannot write {path}")
+
+
+def request_from(args: argparse.Namespace, prompt: str, sampling: Any, speculation: Any) -> Any:
+    """The GenerationRequest of generate's options (generate-batch: the template of its jobs, `prompt` unused)."""
+    from ..jobs.request import GenerationRequest
+
+    return GenerationRequest(prompt, args.max_new_tokens, sampling, seed=args.seed, stop_strings=tuple(args.stop),
+                             ignore_eos=args.ignore_eos, mode=args.mode, speculation=speculation)
+
+
+def launch_from(args: argparse.Namespace) -> Any:
+    """The LaunchConfig of the model, heads and hardware options (generate, generate-batch)."""
+    from ..launch import LaunchConfig
+
+    return LaunchConfig(args.model, args.heads, args.device, args.dtype, args.compile, args.tp)

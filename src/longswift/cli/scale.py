@@ -50,8 +50,8 @@ class RankErrors:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if isinstance(exc, LongswiftError) and not self.lead:
             if not self._started:
-                exc.silent = True  # type: ignore[attr-defined]
-            elif not getattr(exc, "silent", False):
+                exc.silent = True
+            elif not exc.silent:
                 exc.args = (f"rank {self.rank}: {exc}",)
 
 
@@ -66,7 +66,7 @@ def shared_stop(parallel: TensorParallel | None, requested: Callable[[], bool],
 
 def dry_run(args: argparse.Namespace, model_dir: Path, prompt: str, spec: SpeculationConfig | None) -> str:
     """The memory plan from config.json alone (no weights needed), per rank for --tp, and which --tp fits."""
-    from ..api import resolve_device, resolve_dtype
+    from ..model.device import resolve_device, resolve_dtype
     from ..model.checkpoint import read_config
     from ..jobs.memory import fits_table, plan_memory
 
@@ -117,37 +117,32 @@ def add_generate_batch(p: argparse.ArgumentParser) -> None:
 
 def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
     """Run the batch: this process's group takes its share; rank 0 writes results.jsonl once every group is done."""
-    from ..api import load, resolve_device
+    from ..api import Engine
     from ..jobs.batch import BatchOptions, BatchRunner, check_out_dir, read_prompts, share, write_results
-    from ..model.checkpoint import Checkpoint, model_dir_or_default
+    from ..launch import Launch
     from .job import EXIT_INTERRUPTED, StopOnSignal
-    from .options import sampling_from, speculation_from
-    from ..parallel import start
+    from .options import launch_from, request_from, sampling_from, speculation_from
 
     with RankErrors(args.tp) as ranks:
         sampling, speculation = sampling_from(args), speculation_from(args, args.device)
         items = read_prompts(args.prompts)
-        model_dir = model_dir_or_default(args.model)
-        ckpt = Checkpoint.open(model_dir)
-        check_split(ckpt.config, args.tp)
+        launch = Launch(launch_from(args))
         layout = layout_from_env(args.tp)
-        device = resolve_device(args.device)
         if layout.is_lead:
             check_out_dir(args.out_dir)
-        parallel = ranks.started(start(layout, device))
+        parallel = ranks.started(launch.start(layout))
         everyone = _everyone(layout)
-        engine = load(ckpt.path, heads=args.heads, device=args.device, dtype=args.dtype, compile=args.compile,
-                      tp=parallel or 1)
-        options = BatchOptions(args.max_new_tokens, args.seed, args.checkpoint_every, {
-            "sampling": sampling, "stop_strings": tuple(args.stop), "ignore_eos": args.ignore_eos, "mode": args.mode,
-            "speculation": speculation})
+        engine = Engine.launched(launch)
+        options = BatchOptions(request_from(args, "", sampling, speculation), args.checkpoint_every)
         mine = share(items, layout.group_index, layout.groups)
-        report = (lambda line: (err.write(line + "\n"), err.flush())) if layout.is_lead and not args.quiet else \
-            (lambda line: None)
+        def report(line: str) -> None:
+            if layout.is_lead and not args.quiet:
+                err.write(line + "\n")
+                err.flush()
+
         with StopOnSignal() as signals:
             runner = BatchRunner(engine, args.out_dir, options, layout.is_lead,
-                                 shared_stop(parallel, signals.requested, device), report,
-                                 parallel.share if parallel is not None else (lambda make: make()))
+                                 shared_stop(parallel, signals.requested, launch.device), report, launch.share)
             finished = runner.run(mine) and _wait_for_all(everyone, signals.requested)
         if not finished:
             if layout.is_lead:

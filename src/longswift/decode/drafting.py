@@ -31,6 +31,8 @@ from ..model.transformer import QueryLog, Transformer
 from ..model.partial_cache import PartialCache
 from .sampling import TokenChooser, apply_penalty
 
+from .loop import EagerForward
+
 if TYPE_CHECKING:
     from .loop import Forward
 
@@ -48,7 +50,18 @@ class Draft:
 
 
 class Drafter(Protocol):
-    """Proposes candidate tokens per depth for the continuation of the decided context."""
+    """Proposes candidate tokens per depth for the continuation of the decided context.
+
+    What differs between drafters is said here, so the decoder asks instead of testing which drafter it holds:
+    `needs_queries`: it reads the queries of full-cache forwards (the partial cache selects rows by them), so the
+    decoder logs them; `can_skip`: a step may go without drafting (its state needs no decided token fed to it);
+    `chains_from_root`: n-gram chains are keyed on the root, which is decided already, rather than on the depth-1
+    draft (`ngram_key`).
+    """
+
+    needs_queries: bool
+    can_skip: bool
+    chains_from_root: bool
 
     def start(self, full: KVCache, log: QueryLog | None) -> None: ...
 
@@ -57,6 +70,22 @@ class Drafter(Protocol):
 
     def propose(self, context: Tensor, full: KVCache, log: QueryLog | None) -> Draft:
         """`log`: the queries of the last full-cache forward (None unless the drafter reads them)."""
+
+    def ngram_key(self, root: int, draft: Draft) -> int | None:
+        """The token the step's n-gram chains must start with (None: no chains this step)."""
+
+    def stats(self) -> dict[str, int]:
+        """The drafter's own counters for the decoder's statistics (the same keys for every drafter)."""
+
+
+def keyed_on_root(root: int, draft: Draft) -> int | None:
+    """`ngram_key` of the drafters whose chains start at the root."""
+    return root
+
+
+def keyed_on_first_draft(root: int, draft: Draft) -> int | None:
+    """`ngram_key` of the paper's drafter: the chains start with the depth-1 draft token."""
+    return draft.tokens[0][0] if draft.tokens else None
 
 
 class _HeadsTop:
@@ -84,6 +113,10 @@ class PartialDrafter(_HeadsTop):
 
     `forward`: how the drafting forward runs (the model, or the compiled static forward of `--compile on`)."""
 
+    needs_queries = True  # the partial cache selects its rows by the logged queries
+    can_skip = False  # the partial cache must see every decided token
+    chains_from_root = False
+
     def __init__(self, model: Transformer, heads: DraftHeads, sampling: SamplingConfig,
                  spec: SpeculationConfig, forward: Forward | None = None) -> None:
         if len(spec.tree) > heads.meta.gamma + 1:
@@ -91,7 +124,7 @@ class PartialDrafter(_HeadsTop):
                               f"{heads.meta.gamma + 1} distributions (γ={heads.meta.gamma})")
         super().__init__(model, heads, sampling, spec)
         max_new = spec.max_depth() + 2
-        self.forward: Forward = forward or model
+        self.forward: Forward = forward or EagerForward(model)
         self.partial = PartialCache(model.cfg, spec.kv_budget, spec.sink_tokens, max_new=max_new,
                                     slack=(node_bucket(max_new) or max_new) - max_new + 1,  # a padded block fits
                                     device=model.device, dtype=model.dtype)
@@ -119,9 +152,19 @@ class PartialDrafter(_HeadsTop):
         self.covered = context.shape[0]
         return self.top(self.heads.logits(self.model, hidden)[: len(self.spec.tree)], context)
 
+    def ngram_key(self, root: int, draft: Draft) -> int | None:
+        return keyed_on_first_draft(root, draft)
+
+    def stats(self) -> dict[str, int]:
+        return {"partial_cache_selections": self.partial.selections}
+
 
 class FusedDrafter(_HeadsTop):
     """Draft heads on the hidden state the last verification (or the prefill) already computed."""
+
+    needs_queries = False
+    can_skip = True  # nothing to catch up: the next verification computes the hidden state it drafts from
+    chains_from_root = True  # the base head's choice is the root itself
 
     def __init__(self, model: Transformer, heads: DraftHeads, sampling: SamplingConfig,
                  spec: SpeculationConfig) -> None:
@@ -144,6 +187,12 @@ class FusedDrafter(_HeadsTop):
             return Draft.empty()
         logits = self.heads.logits(self.model, self.hidden, base=False)[: len(self.spec.tree)]
         return self.top(logits, context)
+
+    def ngram_key(self, root: int, draft: Draft) -> int | None:
+        return keyed_on_root(root, draft)
+
+    def stats(self) -> dict[str, int]:
+        return {"partial_cache_selections": 0}
 
 
 def make_drafter(model: Transformer, heads: DraftHeads, sampling: SamplingConfig,

@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 
 from ..model.cache import KVCache
-from ..model.compiled import StaticForward
 from ..model.transformer import Cache, QueryLog, Transformer
 from .sampling import TokenChooser
 from .transcript import Piece, Transcript
@@ -25,7 +24,7 @@ from .transcript import Piece, Transcript
 PREFILL_CHUNK = 512
 
 
-def prefill(model: Transformer, cache: Cache, ids: Tensor, chunk: int = PREFILL_CHUNK,
+def prefill(model: Transformer, cache: KVCache, ids: Tensor, chunk: int = PREFILL_CHUNK,
             log: QueryLog | None = None) -> Tensor:
     """Run `ids` (n,) through `model` in chunks, committing every row -> pre-norm hidden of the last token (hidden,).
 
@@ -92,10 +91,33 @@ class Timer:
 
 
 class Forward(Protocol):
-    """A forward over a cache with the model's call signature: the model itself, or compiled.StaticForward."""
+    """A forward over a cache with the model's call signature (`EagerForward`, or compiled.StaticForward), and what
+    a decoder asks of it besides: `warm_up` compiles before decoding is timed (-> its seconds; None when there is
+    nothing to compile), `stats` its running counts ({} when it keeps none)."""
 
     def __call__(self, tokens: Tensor, positions: Tensor, cache: Cache, tree_mask: Tensor | None = None,
                  log: QueryLog | None = None) -> Tensor: ...
+
+    def warm_up(self, cache: KVCache, max_nodes: int, log_row: int | None = None) -> float | None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+class EagerForward:
+    """The model itself as a `Forward`: nothing to compile or warm up, no counts."""
+
+    def __init__(self, model: Transformer) -> None:
+        self.model = model
+
+    def __call__(self, tokens: Tensor, positions: Tensor, cache: Cache, tree_mask: Tensor | None = None,
+                 log: QueryLog | None = None) -> Tensor:
+        return self.model(tokens, positions, cache, tree_mask, log=log)
+
+    def warm_up(self, cache: KVCache, max_nodes: int, log_row: int | None = None) -> float | None:
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        return {}
 
 
 def reuse(cache: KVCache | None, capacity: int) -> KVCache | None:
@@ -111,22 +133,21 @@ def reuse(cache: KVCache | None, capacity: int) -> KVCache | None:
 def warm_up(forward: Forward, cache: KVCache, max_nodes: int, timer: Timer, since: float,
             log_row: int | None = None) -> None:
     """Compile a static forward's graphs before decoding is timed (its seconds go to the `compile` split)."""
-    if isinstance(forward, StaticForward):
-        forward.warm_up(cache, max_nodes, log_row)
+    if forward.warm_up(cache, max_nodes, log_row) is not None:
         timer.add("compile", since, sync=True)
 
 
 def forward_counts(forward: Forward) -> dict[str, Any]:
     """A static forward's running counts (it serves every generation of an engine); {} for the plain model."""
-    return forward.stats() if isinstance(forward, StaticForward) else {}
+    return forward.stats()
 
 
 def forward_stats(forward: Forward, since: dict[str, Any]) -> dict[str, Any]:
     """What a static forward did since `since` (its counts when the decoder was made): graphs compiled,
     recompilations, eager fallbacks. {} for the plain model."""
-    if not isinstance(forward, StaticForward):
-        return {}
     now = forward.stats()
+    if not now:
+        return {}
     return {"compile": {k: (round(v - since[k], 3) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
                         for k, v in now.items()}}
 
@@ -153,7 +174,7 @@ class ARDecoder:
         """`cache`: reuse this (empty, large enough) cache instead of allocating one, e.g. to keep a compiled
         forward's CUDA graphs, which are recorded for one storage address."""
         self.model = model
-        self.forward: Forward = forward or model
+        self.forward: Forward = forward or EagerForward(model)
         self._forward_base = forward_counts(self.forward)
         self.chooser = chooser
         self.cache = reuse(cache, capacity) or KVCache(model.cfg, capacity, device=model.device, dtype=model.dtype)
@@ -181,6 +202,7 @@ class ARDecoder:
             hidden = self.forward(tokens, self._positions[pos: pos + 1], self.cache)
             self.cache.commit()
             self._logits = self.model.logits(hidden[0, -1])
+        assert self._logits is not None, "start() computes the first logits"
         token = self.chooser.choose(self._logits, self.context.ids())
         self.context.extend([token])
         self._unfed = token

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from ..model.cache import KVCache
-from .drafting import Draft
+from .drafting import Draft, keyed_on_root
 from ..errors import ConfigError
 from ..model.transformer import QueryLog
 
@@ -26,6 +26,10 @@ class ReplayDrafter:
 
     `reference`: prompt ids followed by the AR output, indexed by position. Beyond its end nothing is proposed.
     """
+
+    needs_queries = False  # drafts from the reference, like fused drafting: no forward, no queries
+    can_skip = True
+    chains_from_root = True
 
     def __init__(self, reference: Sequence[int], accept: float, depth: int, vocab_size: int, seed: int = 0) -> None:
         if not 0.0 <= accept <= 1.0:
@@ -56,3 +60,9 @@ class ReplayDrafter:
                 tokens.append([(right + 1 + self.rng.randrange(self.vocab_size - 1)) % self.vocab_size])
             probs.append([self.accept])
         return Draft(tokens, probs)
+
+    def ngram_key(self, root: int, draft: Draft) -> int | None:
+        return keyed_on_root(root, draft)
+
+    def stats(self) -> dict[str, int]:
+        return {"partial_cache_selections": 0}

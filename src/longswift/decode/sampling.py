@@ -121,6 +121,7 @@ class TokenChooser:
 
     def draw(self, probs: Tensor, context: Tensor | None = None) -> int:
         """One token from `probs` (V,), consuming exactly one uniform from the generator."""
+        assert self.generator is not None, "drawing needs the seeded generator of a sampling chooser"
         u = torch.rand((), generator=self.generator, device=self.generator.device).to(probs.device)
         cdf = probs.double().cumsum(-1)
         # right=True returns the first index whose cumulative mass exceeds u * total: never a zero-mass token,

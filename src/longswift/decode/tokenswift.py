@@ -24,7 +24,7 @@ from ..model.cache import KVCache
 from ..model.compiled import node_bucket
 from ..config import SpeculationConfig
 from .controller import STEP_KINDS, Controller, StepGate, head_source, lookup_source, ngram_source
-from .loop import Context, Forward, Timer, forward_counts, forward_stats, prefill, reuse, warm_up
+from .loop import Context, EagerForward, Forward, Timer, forward_counts, forward_stats, prefill, reuse, warm_up
 from .drafting import Draft, Drafter
 from ..model.transformer import QueryLog, Transformer
 from .ngram import HistoryLookup, NGramTable
@@ -62,7 +62,7 @@ class TokenSwiftDecoder:
     def __init__(self, model: Transformer, chooser: TokenChooser, drafter: Drafter, spec: SpeculationConfig,
                  capacity: int, forward: Forward | None = None, cache: KVCache | None = None) -> None:
         self.model, self.chooser, self.drafter, self.spec = model, chooser, drafter, spec
-        self.forward: Forward = forward or model  # verification forwards (the model, or a static compiled one)
+        self.forward: Forward = forward or EagerForward(model)  # verification forwards (eager or static compiled)
         self._forward_base = forward_counts(self.forward)
         rows = capacity + (node_bucket(spec.max_nodes()) or spec.max_nodes()) + 1  # room for a padded trie
         self.cache = reuse(cache, rows) or KVCache(model.cfg, rows, device=model.device, dtype=model.dtype)
@@ -72,9 +72,9 @@ class TokenSwiftDecoder:
         self.timer = Timer(model.device)
         self.controller = Controller(spec.candidates == "adaptive", spec.max_nodes(), self._time_forward)
         # Only fused drafting can skip a step's drafting cheaply: the partial cache must see every decided token.
-        adaptive = spec.candidates == "adaptive" and spec.draft == "fused"
+        adaptive = spec.candidates == "adaptive" and drafter.can_skip
         self.gate = StepGate(STEP_KINDS if adaptive else ("draft",))
-        self.log = QueryLog(row=-1) if spec.draft == "partial" else None  # only the partial cache reads queries
+        self.log = QueryLog(row=-1) if drafter.needs_queries else None  # only the partial cache reads queries
         self._positions = torch.arange(capacity + spec.max_depth() + 1, device=model.device)
         self._learning: deque[tuple[Trie, int]] = deque()  # candidate tries waiting for their hindsight
         self.steps = 0
@@ -95,7 +95,7 @@ class TokenSwiftDecoder:
         self.drafter.start(self.cache, self.log)
         t1 = self.timer.add("prefill", t0, sync=True)
         warm_up(self.forward, self.cache, self.spec.max_nodes(), self.timer, t1,
-                log_row=0 if self.spec.draft == "partial" else None)
+                log_row=0 if self.drafter.needs_queries else None)
 
     @torch.inference_mode()
     def step(self) -> list[int]:
@@ -135,11 +135,10 @@ class TokenSwiftDecoder:
         trie = Trie.rooted(self.context.last)
         trie.add_levels(draft.tokens, [[head_source(d + 1, r, p) for r, p in enumerate(row)]
                                        for d, row in enumerate(draft.probs)])
-        fused = self.spec.draft == "fused"
-        key = self.context.last if fused else (draft.tokens[0][0] if draft.tokens else None)
+        key = self.drafter.ngram_key(self.context.last, draft)
         if key is not None and self.spec.ngram_topk:
             for rank, gram in enumerate(self.ngrams.top_k(key, self.spec.ngram_topk)):
-                chain = gram[1:] if fused else gram  # fused: the gram starts with the root, already decided
+                chain = gram[1:] if self.drafter.chains_from_root else gram  # the root is decided already
                 share = self.ngrams.share(gram)
                 trie.add_chain(chain, sources=[ngram_source(d + 1, rank, share) for d in range(len(chain))])
         if self.spec.lookup:
@@ -176,7 +175,7 @@ class TokenSwiftDecoder:
         device = self.model.device
         root = self.context.length - 1
         # Only the paper's drafter reads the root's queries (to select its partial cache at the next reselection).
-        self.log = QueryLog(row=0) if self.spec.draft == "partial" else None
+        self.log = QueryLog(row=0) if self.drafter.needs_queries else None
         if len(trie) == 1:  # the root alone is a plain AR step: same inputs, no mask, no host-to-device copies
             return self.forward(self.context.ids()[root:][None], self._positions[root: root + 1], self.cache,
                                 log=self.log)[0]
@@ -214,7 +213,7 @@ class TokenSwiftDecoder:
                 "tokens_per_step": {str(k): v for k, v in sorted(self.per_step.items())},
                 "draft_s": t.get("draft", 0.0), "verify_s": t.get("verify", 0.0),
                 "bookkeeping_s": t.get("bookkeeping", 0.0),
-                "partial_cache_selections": getattr(getattr(self.drafter, "partial", None), "selections", 0),
+                **self.drafter.stats(),
                 **self._controller_stats()}
 
     def _controller_stats(self) -> dict[str, Any]:

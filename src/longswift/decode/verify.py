@@ -32,7 +32,7 @@ class Walk:
 
 def walk(trie: Trie, choose: Callable[[int], int]) -> Walk:
     """`choose(node)` returns the target's token after the context ending at `node` (one choice per call)."""
-    node, nodes = 0, []
+    node, nodes = 0, list[int]()
     while True:
         token = choose(node)
         child = trie.children[node].get(token)

@@ -16,12 +16,13 @@ import io
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, LongswiftError, PromptError
 from ..files import atomic_write
+from .request import GenerationRequest
 from .state import JobState, TextSink, run_job
 
 SAFE_ID = re.compile(r"[^A-Za-z0-9._-]")
@@ -46,12 +47,19 @@ class BatchItem:
 
 @dataclass(frozen=True)
 class BatchOptions:
-    """What every job of the batch shares; per-prompt `max_new_tokens` and `seed` override the first two."""
+    """What every job of the batch shares: the request every job's is made from, and the checkpoint interval.
 
-    max_new_tokens: int
-    seed: int | None
+    A job's request is `request` with the job's prompt and its resume state, and with the prompt line's own
+    `max_new_tokens` and `seed` where it has them (the template's prompt is never generated).
+    """
+
+    request: GenerationRequest
     checkpoint_every: int
-    generate: dict[str, Any] = field(default_factory=dict)  # the rest of Engine.stream's options
+
+    def for_item(self, item: BatchItem, resume: JobState | None) -> GenerationRequest:
+        seed = item.seed if item.seed is not None else self.request.seed
+        return replace(self.request, prompt=item.prompt, max_new_tokens=item.max_new_tokens or self.request.max_new_tokens,
+                       seed=seed, resume=resume)
 
 
 def read_prompts(path: Path) -> list[BatchItem]:
@@ -129,9 +137,7 @@ class BatchRunner:
     def _run_one(self, item: BatchItem) -> bool:
         ckpt = self.out_dir / f"{item.stem}.ckpt.json"
         resume = self.decide(lambda: JobState.load(ckpt) if ckpt.exists() else None)
-        seed = item.seed if item.seed is not None else self.options.seed
-        stream = self.engine.stream(item.prompt, item.max_new_tokens or self.options.max_new_tokens, seed=seed,
-                                    resume=resume, **self.options.generate)
+        stream = self.engine.stream(self.options.for_item(item, resume))
         text = self.out_dir / f"{item.stem}.txt"
         sink = TextSink.open_file(text, resume.text if resume else None) if self.writes else TextSink(io.StringIO())
         try:

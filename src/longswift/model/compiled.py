@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 from torch.fx.experimental import _config as fx_config
 
+from ..config import COMPILE_CHOICES
 from .cache import KVCache
 from ..errors import ConfigError
 from .transformer import Cache, QueryLog, Transformer, Visibility
@@ -113,7 +114,6 @@ def static_forward(model: Transformer, tokens: Tensor, positions: Tensor, rows: 
     return model(tokens, positions, slots, log=log, vis=Visibility(bias))
 
 
-COMPILE_CHOICES = ("auto", "on", "off")
 # Where `--compile auto` compiles, by device type: only where a measurement showed it pays (BENCHMARKS.md).
 # CPU: the embedded model's AR step at 2K context is bound by reading its weights and cache (~30 MB per token at
 # ~8 GB/s), so compiling saved ~0.3 ms of ~4.5 ms after ~35 s of compiling. CUDA: not measured yet
@@ -210,7 +210,7 @@ class StaticForward:
             torch.compiler.cudagraph_mark_step_begin()
         # Without duck sizing, sizes that happen to be equal at compile time (a buffer's capacity and the cache's)
         # are not assumed equal forever, which would recompile when they differ.
-        with fx_config.patch(use_duck_shape=False):
+        with fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]  # made by torch at import
             hidden = self.graph(self.model, tokens, positions, rows[start: start + padded],
                                 self._tree(padded, t, tree_mask, tokens.device), *cache.storage(), rows[:keys], log)
         if self.compiled:

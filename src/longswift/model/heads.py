@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from typing import cast
 from pathlib import Path
 
 import torch
@@ -62,16 +63,20 @@ class DraftHeads(nn.Module):
         heads = cls(HeadsMeta(gamma, cfg.hidden_size, cfg.vocab_size, fingerprint, cfg.rms_norm_eps))
         heads.to(device=model.device, dtype=torch.float32)
         with torch.no_grad():
-            for block in heads.blocks:
+            for block in heads.typed_blocks():
                 block.proj.weight.zero_()
                 block.out_norm.weight.copy_(model.model.norm.weight.float())
         return heads
+
+    def typed_blocks(self) -> list[HeadBlock]:
+        """The blocks, typed (a ModuleList yields plain Modules to the type checker)."""
+        return cast("list[HeadBlock]", list(self.blocks))
 
     def forward(self, hidden: Tensor) -> list[Tensor]:
         """hidden (..., H) pre-final-norm -> γ tensors (..., H), normalised by each block's output norm."""
         outs = []
         h = hidden
-        for block in self.blocks:
+        for block in self.typed_blocks():
             h = h + block.proj(block.norm(h))
             outs.append(block.out_norm(h))
         return outs
@@ -88,7 +93,7 @@ class DraftHeads(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.blocks[0].proj.weight.dtype
+        return self.typed_blocks()[0].proj.weight.dtype
 
     def save(self, path: str | Path) -> None:
         """Write the heads (safetensors, with `meta` as metadata) so that `path` is the old file or all of the new.
@@ -135,7 +140,7 @@ def _read(path: Path) -> tuple[HeadsMeta, dict[str, Tensor]]:
     except (SafetensorError, OSError, RuntimeError) as exc:
         raise HeadsError(f"corrupt heads file {path}: {str(exc).splitlines()[0] if str(exc) else exc}") from None
     try:
-        meta = HeadsMeta(**json.loads(raw))
+        meta = HeadsMeta(**json.loads(raw if raw is not None else "null"))
     except (TypeError, ValueError):
         raise HeadsError(f"{path} is not a longswift heads file (no valid description in its header)") from None
     if meta.format != FORMAT:

@@ -9,7 +9,7 @@ output *before* the final norm, because TokenSwift's draft heads read exactly th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -276,7 +276,7 @@ class Transformer(nn.Module):
         mask = torch.cat([torch.ones(t, past, dtype=torch.bool, device=device), block], dim=1)
         if windowed:
             key_pos = torch.cat([torch.arange(past, device=device), positions])
-            mask &= (positions[:, None] - key_pos[None, :]) < window
+            mask &= (positions[:, None] - key_pos[None, :]) < cast(int, window)  # windowed: set
         return Visibility(attention_bias(mask, group, dtype))
 
     def _cascade_pays(self, t: int, past: int, device: torch.device) -> bool:

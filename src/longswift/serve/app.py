@@ -25,7 +25,7 @@ from ..errors import LongswiftError
 from ..decode.transcript import Piece
 from . import protocol
 from .config import ServeConfig
-from .protocol import ApiError, ChatBody, CompletionBody, Formatter, GenerationRequest, StopTrimmer
+from .protocol import ApiError, ChatBody, CompletionBody, Formatter, ServeRequest, StopTrimmer
 from .worker import Event, Failed, Finished, Job, Started, Worker
 
 
@@ -78,7 +78,7 @@ def _check_model(name: str, served: str) -> None:
                        param="model")
 
 
-async def _answer(worker: Worker, request: Request, req: GenerationRequest, fmt: Formatter) -> Response:
+async def _answer(worker: Worker, request: Request, req: ServeRequest, fmt: Formatter) -> Response:
     """Queue the job, wait until it starts (or fails), then stream it or collect it."""
     job = worker.submit(req, asyncio.get_running_loop())
     watcher = asyncio.create_task(_cancel_on_disconnect(request.receive, job))
@@ -87,7 +87,7 @@ async def _answer(worker: Worker, request: Request, req: GenerationRequest, fmt:
         if isinstance(first, Failed):
             raise ApiError(first.status, first.message)
         assert isinstance(first, Started)
-        trimmer = StopTrimmer(req.stop)
+        trimmer = StopTrimmer(req.generation.stop_strings)
         if req.stream:
             watcher.cancel()  # from here the streaming response notices a disconnect itself
             return _JobStream(_sse(job, first, fmt, trimmer), on_close=job.cancel, media_type="text/event-stream")

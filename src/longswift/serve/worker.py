@@ -16,7 +16,7 @@ import sys
 import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from ..errors import LongswiftError, NumericalError, PromptError
 from ..jobs.state import JobState
 from ..decode.transcript import Piece
 from .config import ServeConfig
-from .protocol import ApiError, GenerationRequest
+from .protocol import ApiError, ServeRequest
 
 
 @dataclass
@@ -53,7 +53,7 @@ CANCELLED = Failed(499, "the client disconnected; the generation was cancelled")
 class Job:
     """A request admitted to the worker: its events arrive on `events`; `cancel()` stops it at the next step."""
 
-    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, request: ServeRequest, loop: asyncio.AbstractEventLoop) -> None:
         self.request = request
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = threading.Event()
@@ -80,7 +80,7 @@ class Worker:
         self._running = 0
         self._stopping = threading.Event()
 
-    def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> Job:
+    def submit(self, request: ServeRequest, loop: asyncio.AbstractEventLoop) -> Job:
         if request.job_id is not None and self.config.jobs_dir is None:
             raise ApiError(400, "job_id needs a server started with --jobs-dir DIR", param="job_id")
         with self._lock:
@@ -134,11 +134,9 @@ class Worker:
         req = job.request
         path = self._job_path(req.job_id)
         resume = JobState.load(path) if path is not None and path.exists() else None
-        prompt = req.prompt if req.messages is None else self._chat_prompt(req.messages)
-        assert prompt is not None
-        stream = self.engine.stream(prompt, req.max_tokens, sampling=req.sampling, seed=req.seed,
-                                    stop_strings=req.stop, ignore_eos=req.ignore_eos, mode=req.mode,
-                                    speculation=self.config.defaults.speculation, resume=resume)
+        generation = req.generation if req.messages is None else replace(
+            req.generation, prompt=tuple(self._chat_prompt(req.messages)))
+        stream = self.engine.stream(replace(generation, resume=resume))
         job.send(Started(resume.text if resume is not None else ""))
         since = 0
         for piece in stream:
