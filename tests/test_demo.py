@@ -36,8 +36,20 @@ def test_demo_prints_an_excerpt_then_the_numbers():
 
 
 def test_demo_show_text_prints_the_whole_generation(tiny_llama):
-    code, out, err = run("demo", "--model", str(tiny_llama), "--max-new-tokens", "24", "--methods", "ar",
-                         "--prompt", "It was", "--show-text", "--device", "cpu")
+    code, out, err = run(
+        "demo",
+        "--model",
+        str(tiny_llama),
+        "--max-new-tokens",
+        "24",
+        "--methods",
+        "ar",
+        "--prompt",
+        "It was",
+        "--show-text",
+        "--device",
+        "cpu",
+    )
     assert code == 0, err
     assert out.startswith("It was") and "--- excerpt" not in out
     assert "ar:" in out and "tok/s" in out

@@ -87,8 +87,12 @@ def test_every_module_has_a_layer():
 
 def test_imports_point_down():
     modules = _modules()
-    up = [f"{a} -> {b}" for a, targets in _graph().items() for b in sorted(targets)
-          if RANK[_main_or_init(a, modules[a])] < RANK[_main_or_init(b, modules[b])]]
+    up = [
+        f"{a} -> {b}"
+        for a, targets in _graph().items()
+        for b in sorted(targets)
+        if RANK[_main_or_init(a, modules[a])] < RANK[_main_or_init(b, modules[b])]
+    ]
     assert not up, "imports that point up a layer:\n" + "\n".join(up)
 
 
@@ -101,7 +105,7 @@ def test_no_import_circle():
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                circles.append(path[path.index(nxt):] + [nxt])
+                circles.append(path[path.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, path + [nxt])
         state[node] = 2

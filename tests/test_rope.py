@@ -18,21 +18,46 @@ def _hf_inv_freq(rope_type: str, **params: float) -> tuple[torch.Tensor, float]:
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     scaling = {"rope_type": rope_type, **params}
-    cfg = LlamaConfig(hidden_size=HEAD_DIM * 4, num_attention_heads=4, max_position_embeddings=32768,
-                      rope_theta=500000.0, rope_scaling=scaling)
+    cfg = LlamaConfig(
+        hidden_size=HEAD_DIM * 4,
+        num_attention_heads=4,
+        max_position_embeddings=32768,
+        rope_theta=500000.0,
+        rope_scaling=scaling,
+    )
     inv, attention = ROPE_INIT_FUNCTIONS[rope_type](cfg, "cpu")
     return inv.float(), float(attention)
 
 
-@pytest.mark.parametrize(("rope", "hf"), [
-    (RopeConfig(theta=500000.0, type="linear", factor=4.0), ("linear", {"factor": 4.0})),
-    (RopeConfig(theta=500000.0, type="llama3", factor=8.0, original_max_position_embeddings=8192,
-                low_freq_factor=1.0, high_freq_factor=4.0),
-     ("llama3", {"factor": 8.0, "original_max_position_embeddings": 8192, "low_freq_factor": 1.0,
-                 "high_freq_factor": 4.0})),
-    (RopeConfig(theta=500000.0, type="yarn", factor=4.0, original_max_position_embeddings=8192),
-     ("yarn", {"factor": 4.0, "original_max_position_embeddings": 8192})),
-])
+@pytest.mark.parametrize(
+    ("rope", "hf"),
+    [
+        (RopeConfig(theta=500000.0, type="linear", factor=4.0), ("linear", {"factor": 4.0})),
+        (
+            RopeConfig(
+                theta=500000.0,
+                type="llama3",
+                factor=8.0,
+                original_max_position_embeddings=8192,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+            ),
+            (
+                "llama3",
+                {
+                    "factor": 8.0,
+                    "original_max_position_embeddings": 8192,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                },
+            ),
+        ),
+        (
+            RopeConfig(theta=500000.0, type="yarn", factor=4.0, original_max_position_embeddings=8192),
+            ("yarn", {"factor": 4.0, "original_max_position_embeddings": 8192}),
+        ),
+    ],
+)
 def test_scaled_frequencies_match_transformers(rope, hf):
     try:
         want, want_attention = _hf_inv_freq(hf[0], **hf[1])

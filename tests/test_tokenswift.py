@@ -12,11 +12,11 @@ import torch
 
 import longswift
 from longswift import SamplingConfig
-from longswift.model.checkpoint import Checkpoint
 from longswift.config import SpeculationConfig
 from longswift.decode.drafting import Draft, keyed_on_first_draft
-from longswift.model.heads import DraftHeads
 from longswift.decode.tokenswift import TokenSwiftDecoder
+from longswift.model.checkpoint import Checkpoint
+from longswift.model.heads import DraftHeads
 
 N_LONG = 2000
 
@@ -66,8 +66,7 @@ def test_greedy_tokenswift_equals_greedy_ar(arch, tree, k, budget, penalty, chec
     engine = engine_for(path)
     spec = SpeculationConfig(tree=tree, ngram_topk=k, kv_budget=budget, sink_tokens=4)
     sampling = SamplingConfig(repetition_penalty=penalty, penalty_window=64)
-    result = engine.generate(PROMPT, N_LONG, sampling=sampling, ignore_eos=True, mode="tokenswift",
-                             speculation=spec)
+    result = engine.generate(PROMPT, N_LONG, sampling=sampling, ignore_eos=True, mode="tokenswift", speculation=spec)
     expected = ar_ids(path, penalty, N_LONG)
     assert len(result.token_ids) == N_LONG
     first_diff = next((i for i, (a, b) in enumerate(zip(result.token_ids, expected)) if a != b), None)
@@ -123,8 +122,9 @@ def run_with_drafter(engine, drafter_for, n, spec, stop=None, **kw):
 
     prompt_ids = engine.encode(PROMPT)
     sampling = SamplingConfig(repetition_penalty=1.3, penalty_window=64)
-    decoder = TokenSwiftDecoder(engine.model, TokenChooser(sampling), drafter_for(prompt_ids), spec,
-                                len(prompt_ids) + n)
+    decoder = TokenSwiftDecoder(
+        engine.model, TokenChooser(sampling), drafter_for(prompt_ids), spec, len(prompt_ids) + n
+    )
     transcript = Transcript(engine.tokenizer, stop or StopConfig(n, (), (), True))
     decoder.start(prompt_ids)
     list(drive(decoder, transcript))
@@ -193,8 +193,7 @@ def test_tokenswift_needs_heads_and_refuses_deep_trees(tiny_llama):
     with pytest.raises(longswift.HeadsError, match="needs draft heads"):
         plain.generate("x", 4, mode="tokenswift")
     with pytest.raises(longswift.ConfigError, match="has depth 5"):
-        engine_for(tiny_llama).generate("x", 4, mode="tokenswift",
-                                        speculation=SpeculationConfig(tree=(1, 1, 1, 1, 1)))
+        engine_for(tiny_llama).generate("x", 4, mode="tokenswift", speculation=SpeculationConfig(tree=(1, 1, 1, 1, 1)))
 
 
 def test_heads_for_another_model_are_refused(tiny_llama, checkpoint_factory):

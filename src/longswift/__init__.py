@@ -11,14 +11,41 @@ from . import _moved
 from .api import Engine, GenerationResult, GenerationStream, load
 from .config import ModelConfig, SamplingConfig, SpeculationConfig, StopConfig
 from .decode.transcript import Piece
-from .errors import (CheckpointError, ConfigError, HeadsError, LongswiftError, NumericalError, PromptError,
-                     ResumeError, UsageError)
+from .errors import (
+    CheckpointError,
+    ConfigError,
+    HeadsError,
+    LongswiftError,
+    NumericalError,
+    PromptError,
+    ResumeError,
+    UsageError,
+)
 from .jobs.request import GenerationRequest
 from .jobs.state import JobState
 from .version import __version__
 
 _moved.install()
 
-__all__ = ["CheckpointError", "ConfigError", "Engine", "GenerationRequest", "GenerationResult", "GenerationStream", "HeadsError",
-           "JobState", "LongswiftError", "ModelConfig", "NumericalError", "Piece", "PromptError", "ResumeError",
-           "SamplingConfig", "SpeculationConfig", "StopConfig", "UsageError", "__version__", "load"]
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "Engine",
+    "GenerationRequest",
+    "GenerationResult",
+    "GenerationStream",
+    "HeadsError",
+    "JobState",
+    "LongswiftError",
+    "ModelConfig",
+    "NumericalError",
+    "Piece",
+    "PromptError",
+    "ResumeError",
+    "SamplingConfig",
+    "SpeculationConfig",
+    "StopConfig",
+    "UsageError",
+    "__version__",
+    "load",
+]

@@ -55,8 +55,11 @@ class _Alias(importlib.abc.Loader):
         self.new = new
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        warnings.warn(f"{spec.name} moved to {self.new}; the old path will be removed in a later release",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"{spec.name} moved to {self.new}; the old path will be removed in a later release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return importlib.import_module(self.new)
 
     def exec_module(self, module: ModuleType) -> None:
@@ -66,8 +69,9 @@ class _Alias(importlib.abc.Loader):
 class MovedFinder(importlib.abc.MetaPathFinder):
     """Answers only for the names in `MOVED`; every other import goes on to the usual finders."""
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         new = MOVED.get(fullname)
         return None if new is None else importlib.util.spec_from_loader(fullname, _Alias(new))
 

@@ -1,9 +1,9 @@
 """The Python API: `longswift.load(...)` -> `Engine`, whose `generate` / `stream` run a whole job.
 
-    engine = longswift.load("path/to/model")
-    result = engine.generate("Once upon a time", max_new_tokens=200)
-    for piece in engine.stream("Once upon a time", max_new_tokens=200):
-        print(piece.text, end="")
+engine = longswift.load("path/to/model")
+result = engine.generate("Once upon a time", max_new_tokens=200)
+for piece in engine.stream("Once upon a time", max_new_tokens=200):
+    print(piece.text, end="")
 """
 
 from __future__ import annotations
@@ -19,20 +19,20 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .config import CompileChoice, SamplingConfig, SpeculationConfig, StopConfig
-from .launch import Launch, LaunchConfig
-from .model.checkpoint import Checkpoint
-from .model.device import resolve_device as resolve_device  # re-exported: longswift.api.resolve_device
-from .model.device import resolve_dtype as resolve_dtype
-from .model.compiled import StaticForward, resolve_compile
 from .decode.loop import ARDecoder, Decoder, Forward, drive
-from .errors import ConfigError, HeadsError, PromptError, ResumeError
-from .model.heads import DraftHeads
-from .jobs.request import GenerationRequest
-from .jobs.state import JobState
-from .parallel import Layout, TensorParallel
-from .model.released import load_heads
 from .decode.sampling import TokenChooser
 from .decode.transcript import Piece, Transcript
+from .errors import ConfigError, HeadsError, PromptError, ResumeError
+from .jobs.request import GenerationRequest
+from .jobs.state import JobState
+from .launch import Launch, LaunchConfig
+from .model.checkpoint import Checkpoint
+from .model.compiled import StaticForward, resolve_compile
+from .model.device import resolve_device as resolve_device  # re-exported: longswift.api.resolve_device
+from .model.device import resolve_dtype as resolve_dtype
+from .model.heads import DraftHeads
+from .model.released import load_heads
+from .parallel import Layout, TensorParallel
 
 if TYPE_CHECKING:
     from .decode.drafting import Drafter
@@ -58,8 +58,9 @@ class GenerationStream:
     `Engine.stream(..., resume=state)` continues exactly.
     """
 
-    def __init__(self, pieces: Iterator[Piece], finish: Callable[[], GenerationResult],
-                 snapshot: Callable[[], JobState]) -> None:
+    def __init__(
+        self, pieces: Iterator[Piece], finish: Callable[[], GenerationResult], snapshot: Callable[[], JobState]
+    ) -> None:
         self._pieces = pieces
         self._finish = finish
         self.snapshot = snapshot
@@ -78,17 +79,26 @@ class Engine:
     of every large weight, and every rank of the group must make the same calls in the same order.
     """
 
-    def __init__(self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
-                 heads: str | Path | bool | None = None, compile: str = "auto",
-                 parallel: TensorParallel | None = None) -> None:
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        device: torch.device,
+        dtype: torch.dtype,
+        heads: str | Path | bool | None = None,
+        compile: str = "auto",
+        parallel: TensorParallel | None = None,
+    ) -> None:
         from .parallel import load_sharded
 
         self.checkpoint = checkpoint
         self.device = device
         self.dtype = dtype
         self.parallel = parallel
-        self.model = (load_sharded(checkpoint, parallel, device, dtype) if parallel is not None
-                      else checkpoint.load_model(device, dtype))
+        self.model = (
+            load_sharded(checkpoint, parallel, device, dtype)
+            if parallel is not None
+            else checkpoint.load_model(device, dtype)
+        )
         self.tokenizer = checkpoint.load_tokenizer()
         self.eos_token_ids = checkpoint.eos_token_ids() or _tokenizer_eos(self.tokenizer)
         self.fingerprint = checkpoint.fingerprint()  # reads the stored LM head: once, not per snapshot
@@ -103,7 +113,7 @@ class Engine:
 
     @classmethod
     def launched(cls, launch: Launch) -> Engine:
-        """The engine of a `Launch` whose checks passed (and whose process group, if any, started): loads the weights."""
+        """The engine of a `Launch` whose checks passed (and whose process group, if any, started): loads weights."""
         cfg = launch.cfg
         return cls(launch.checkpoint, launch.device, launch.dtype, launch.heads, cfg.compile, launch.parallel)
 
@@ -116,8 +126,9 @@ class Engine:
             raise PromptError("the prompt is empty")
         return list(prompt)
 
-    def stream(self, request: GenerationRequest | str | list[int], max_new_tokens: int | None = None,
-               **settings: Any) -> GenerationStream:
+    def stream(
+        self, request: GenerationRequest | str | list[int], max_new_tokens: int | None = None, **settings: Any
+    ) -> GenerationStream:
         """Start a generation; iterate the returned stream for text pieces, then read `.result`.
 
         `request`: a `GenerationRequest` (jobs/request.py: the prompt and every setting, validated when built), or
@@ -139,31 +150,59 @@ class Engine:
         prompt_ids = self.encode(req.prompt if isinstance(req.prompt, str) else list(req.prompt))
         self._check_fits(len(prompt_ids), req.max_new_tokens)
         mode = self._resolve_mode(req.mode)
-        decoder = self._decoder(mode, sampling, req.seed, len(prompt_ids) + req.max_new_tokens, spec,
-                                req.record_margins, self._forward(req.compile or self.compile), req.drafter)
+        decoder = self._decoder(
+            mode,
+            sampling,
+            req.seed,
+            len(prompt_ids) + req.max_new_tokens,
+            spec,
+            req.record_margins,
+            self._forward(req.compile or self.compile),
+            req.drafter,
+        )
         transcript = Transcript(self.tokenizer, stop)
-        config = _plain({"sampling": asdict(sampling), "stop": asdict(stop),
-                         "speculation": asdict(spec) if mode == "tokenswift" else None})
+        config = _plain(
+            {
+                "sampling": asdict(sampling),
+                "stop": asdict(stop),
+                "speculation": asdict(spec) if mode == "tokenswift" else None,
+            }
+        )
         if self.parallel is not None:  # rounding differs between split sizes, so a job resumes at its own
             config["tp"] = self.parallel.size
 
         def snapshot() -> JobState:
             rng = decoder.chooser.generator
-            return JobState(prompt_ids, list(transcript.ids), transcript.text, mode,
-                            rng.get_state().numpy().tobytes().hex() if rng is not None else None, config,
-                            self.fingerprint, self.heads_fingerprint if mode == "tokenswift" else None)
+            return JobState(
+                prompt_ids,
+                list(transcript.ids),
+                transcript.text,
+                mode,
+                rng.get_state().numpy().tobytes().hex() if rng is not None else None,
+                config,
+                self.fingerprint,
+                self.heads_fingerprint if mode == "tokenswift" else None,
+            )
 
         resume = req.resume
         if resume is not None:
             _restore(resume, snapshot(), decoder, transcript)
         decoder.start(prompt_ids + list(transcript.ids))
         resumed = len(resume.generated_ids) if resume is not None else 0
-        return GenerationStream(drive(decoder, transcript),
-                                lambda: _result(decoder, transcript, prompt_ids, resumed, self.heads_source),
-                                snapshot)
+        return GenerationStream(
+            drive(decoder, transcript),
+            lambda: _result(decoder, transcript, prompt_ids, resumed, self.heads_source),
+            snapshot,
+        )
 
-    def generate(self, request: GenerationRequest | str | list[int], max_new_tokens: int | None = None, *,
-                 streamer: Any = None, **settings: Any) -> GenerationResult:
+    def generate(
+        self,
+        request: GenerationRequest | str | list[int],
+        max_new_tokens: int | None = None,
+        *,
+        streamer: Any = None,
+        **settings: Any,
+    ) -> GenerationResult:
         """Run a whole generation; the request (or prompt and keyword settings) as for `stream`.
 
         `streamer`: any object with the `transformers` streamer interface (`put(ids)`, `end()`), e.g. a
@@ -199,9 +238,17 @@ class Engine:
             self._static = StaticForward(self.model, compiled=True)
         return self._static
 
-    def _decoder(self, mode: str, sampling: SamplingConfig, seed: int | None, capacity: int,
-                 spec: SpeculationConfig, record_margins: bool = False, forward: Forward | None = None,
-                 drafter: Drafter | None = None) -> Decoder:
+    def _decoder(
+        self,
+        mode: str,
+        sampling: SamplingConfig,
+        seed: int | None,
+        capacity: int,
+        spec: SpeculationConfig,
+        record_margins: bool = False,
+        forward: Forward | None = None,
+        drafter: Drafter | None = None,
+    ) -> Decoder:
         from .decode.drafting import make_drafter
         from .decode.tokenswift import TokenSwiftDecoder
 
@@ -216,8 +263,9 @@ class Engine:
         if drafter is not None:
             return TokenSwiftDecoder(self.model, chooser, drafter, spec, capacity, forward)
         if self.heads is None:
-            raise HeadsError("mode tokenswift needs draft heads (--heads FILE); train them with "
-                             "`longswift train-heads`")
+            raise HeadsError(
+                "mode tokenswift needs draft heads (--heads FILE); train them with `longswift train-heads`"
+            )
         drafter = make_drafter(self.model, self.heads, sampling, spec, forward)
         decoder = TokenSwiftDecoder(self.model, chooser, drafter, spec, capacity, forward)
         if self.parallel is not None and spec.candidates == "adaptive":
@@ -230,12 +278,21 @@ class Engine:
         if prompt_len >= limit:
             raise PromptError(f"prompt has {prompt_len:,} tokens but the model supports {limit:,} positions")
         if prompt_len + max_new_tokens > limit:
-            raise PromptError(f"prompt ({prompt_len:,} tokens) + max-new-tokens ({max_new_tokens:,}) exceeds the "
-                              f"model's {limit:,} positions")
+            raise PromptError(
+                f"prompt ({prompt_len:,} tokens) + max-new-tokens ({max_new_tokens:,}) exceeds the "
+                f"model's {limit:,} positions"
+            )
 
 
-def load(model: str | Path | None = None, *, heads: str | Path | None | bool = None, device: str = "auto",
-         dtype: str = "auto", compile: CompileChoice = "auto", tp: int | TensorParallel = 1) -> Engine:
+def load(
+    model: str | Path | None = None,
+    *,
+    heads: str | Path | None | bool = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    compile: CompileChoice = "auto",
+    tp: int | TensorParallel = 1,
+) -> Engine:
     """Load a local Hugging Face checkpoint directory (safetensors) and its draft heads.
 
     model, heads, device, dtype and compile: as `launch.LaunchConfig` (model None: the embedded demonstration
@@ -258,13 +315,16 @@ def _one_group(tp: int) -> Layout:
 
     layout = layout_from_env(tp)
     if layout.groups != 1:
-        raise ConfigError(f"load(tp={tp}) runs one model over all {layout.world} processes; start "
-                          f"{tp} or use longswift.parallel.start for several groups")
+        raise ConfigError(
+            f"load(tp={tp}) runs one model over all {layout.world} processes; start "
+            f"{tp} or use longswift.parallel.start for several groups"
+        )
     return layout
 
 
-def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int], resumed: int = 0,
-            heads: str | None = None) -> GenerationResult:
+def _result(
+    decoder: Decoder, transcript: Transcript, prompt_ids: list[int], resumed: int = 0, heads: str | None = None
+) -> GenerationResult:
     """The result of the whole job; timing and speculation statistics cover this run only.
 
     After a resume, `new_tokens` counts the whole job's tokens but only `new_tokens - resumed_tokens` were
@@ -273,16 +333,24 @@ def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int], res
     times = decoder.timer.totals
     decode_s = sum(v for k, v in times.items() if k not in ("prefill", "compile"))
     n = len(transcript.ids)
-    stats = {"mode": decoder.mode, "new_tokens": n, "resumed_tokens": resumed, "prefill_s": times.get("prefill", 0.0),
-             "compile_s": times.get("compile", 0.0), "decode_s": decode_s, "tokens_per_s": (n - resumed) / decode_s if decode_s > 0 else 0.0,
-             **decoder.stats()}
+    stats = {
+        "mode": decoder.mode,
+        "new_tokens": n,
+        "resumed_tokens": resumed,
+        "prefill_s": times.get("prefill", 0.0),
+        "compile_s": times.get("compile", 0.0),
+        "decode_s": decode_s,
+        "tokens_per_s": (n - resumed) / decode_s if decode_s > 0 else 0.0,
+        **decoder.stats(),
+    }
     if decoder.mode == "tokenswift":
         stats["heads"] = heads  # "embedded" or the heads file: shows which draft heads actually ran
     margins = decoder.chooser.margins
     if margins is not None:
         margins = ([math.nan] * resumed + margins)[:n]
-    return GenerationResult(transcript.text, list(transcript.ids), prompt_ids, transcript.finish_reason or "", stats,
-                            margins)
+    return GenerationResult(
+        transcript.text, list(transcript.ids), prompt_ids, transcript.finish_reason or "", stats, margins
+    )
 
 
 def _restore(saved: JobState, fresh: JobState, decoder: Decoder, transcript: Transcript) -> None:

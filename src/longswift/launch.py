@@ -67,8 +67,9 @@ class Launch:
 
     def check_memory(self, prompt_tokens: int, max_new_tokens: int, spec: SpeculationConfig | None) -> None:
         """Refuse a job whose weights, caches and buffers would not fit this device (`spec` None: an AR job)."""
-        plan_memory(self.checkpoint.config, self.dtype, self.device, prompt_tokens, max_new_tokens, spec,
-                    self.cfg.tp).check()
+        plan_memory(
+            self.checkpoint.config, self.dtype, self.device, prompt_tokens, max_new_tokens, spec, self.cfg.tp
+        ).check()
 
     def start(self, layout: Layout) -> TensorParallel | None:
         """Start this rank's tensor-parallel group (None for a single process)."""

@@ -22,9 +22,18 @@ import torch
 from ..model.cache import KVCache
 from ..model.compiled import StaticForward
 from ..model.transformer import Transformer
-from .device_timing import (NODES, SHAPES, ar_step_ms, build_models, device_name, fp32_identity, hf_ms_per_token, measure_bandwidth,
-                            replay_speed, verify_ms)
-
+from .device_timing import (
+    NODES,
+    SHAPES,
+    ar_step_ms,
+    build_models,
+    device_name,
+    fp32_identity,
+    hf_ms_per_token,
+    measure_bandwidth,
+    replay_speed,
+    verify_ms,
+)
 
 
 @dataclass
@@ -55,8 +64,15 @@ class Check:
     def __post_init__(self) -> None:
         self.device = torch.device(self.cfg.device)
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.cfg.dtype]
-        self.results = {"device": device_name(self.device), "torch": torch.__version__, "dtype": self.cfg.dtype,
-                        "tiny": self.cfg.tiny, "budget_s": self.cfg.budget_s, "models": {}, "skipped": []}
+        self.results = {
+            "device": device_name(self.device),
+            "torch": torch.__version__,
+            "dtype": self.cfg.dtype,
+            "tiny": self.cfg.tiny,
+            "budget_s": self.cfg.budget_s,
+            "models": {},
+            "skipped": [],
+        }
 
     def left(self) -> float:
         return self.cfg.budget_s - (time.perf_counter() - self.started)
@@ -70,7 +86,8 @@ class Check:
             try:
                 into[key] = fn()
             except Exception as exc:  # a failed part is a result too; the lease goes on to the next
-                into[key] = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"}
+                first_line = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+                into[key] = {"error": f"{type(exc).__name__}: {first_line}"}
             print(f"[{time.perf_counter() - self.started:6.0f} s] {name}: {time.perf_counter() - t0:.1f} s", flush=True)
         self.results["elapsed_s"] = round(time.perf_counter() - self.started, 1)
         self.cfg.out.write_text(json.dumps(self.results, indent=1) + "\n", encoding="utf-8")
@@ -85,24 +102,49 @@ class Check:
                 continue
             model, _, static, cache = built[name]
             for ctx in self.cfg.contexts:
-                self.part(f"{name}: AR at {ctx}", 20, lambda: self._ar(model, static, cache, ctx),
-                          entry.setdefault("ar", {}), str(ctx))
-                self.part(f"{name}: verify at {ctx}", 20, lambda: self._verify(model, static, cache, ctx),
-                          entry.setdefault("verify", {}), str(ctx))
+                self.part(
+                    f"{name}: AR at {ctx}",
+                    20,
+                    lambda: self._ar(model, static, cache, ctx),
+                    entry.setdefault("ar", {}),
+                    str(ctx),
+                )
+                self.part(
+                    f"{name}: verify at {ctx}",
+                    20,
+                    lambda: self._verify(model, static, cache, ctx),
+                    entry.setdefault("verify", {}),
+                    str(ctx),
+                )
         for name in self.cfg.models:
             if name in built:
                 model, _, static, cache = built[name]
                 ctx = max(self.cfg.contexts)
                 need = 60 + 8 * self.results["models"][name]["build"]["weights_gb"]  # three prefills of ctx tokens
-                self.part(f"{name}: replay at {ctx}", need, lambda: self._replay(model, static, cache, ctx),
-                          self.results["models"][name], "replay")
-        self.part("fp32 identity", 60, lambda: fp32_identity(self.device, self.cfg.identity_tokens, self.cfg.compile),
-                  self.results, "identity_fp32")
+                self.part(
+                    f"{name}: replay at {ctx}",
+                    need,
+                    lambda: self._replay(model, static, cache, ctx),
+                    self.results["models"][name],
+                    "replay",
+                )
+        self.part(
+            "fp32 identity",
+            60,
+            lambda: fp32_identity(self.device, self.cfg.identity_tokens, self.cfg.compile),
+            self.results,
+            "identity_fp32",
+        )
         for name in self.cfg.models:
             if name in built:
                 hf = built[name][1]
-                self.part(f"{name}: transformers static+compile", 120,
-                          lambda: self._hf(hf, min(self.cfg.contexts)), self.results["models"][name], "hf")
+                self.part(
+                    f"{name}: transformers static+compile",
+                    120,
+                    lambda: self._hf(hf, min(self.cfg.contexts)),
+                    self.results["models"][name],
+                    "hf",
+                )
         return self.results
 
     def _build(self, name: str, built: dict[str, Any]) -> dict[str, Any]:
@@ -117,8 +159,12 @@ class Check:
         cache.rollback(0)
         built[name] = (model, hf, static, cache)
         weights = sum(p.numel() * p.element_size() for p in model.parameters())  # tied tensors are counted once
-        return {"weights_gb": round(weights / 1e9, 3), "compile_s": round(seconds, 1), "compiles": static.compiles,
-                "config": {k: v for k, v in model.cfg.__dict__.items() if isinstance(v, (int, float, bool))}}
+        return {
+            "weights_gb": round(weights / 1e9, 3),
+            "compile_s": round(seconds, 1),
+            "compiles": static.compiles,
+            "config": {k: v for k, v in model.cfg.__dict__.items() if isinstance(v, (int, float, bool))},
+        }
 
     def _ar(self, model: Transformer, static: StaticForward, cache: KVCache, ctx: int) -> dict[str, Any]:
         out = {"bound_ms": self._bound_ms(model, ctx)}
@@ -148,8 +194,9 @@ class Check:
         return out
 
     def _replay(self, model: Transformer, static: StaticForward, cache: KVCache, ctx: int) -> dict[str, Any]:
-        return replay_speed(model, static, cache, ctx, self.cfg.replay_tokens, self.cfg.replay_accept,
-                            self.cfg.replay_depth)
+        return replay_speed(
+            model, static, cache, ctx, self.cfg.replay_tokens, self.cfg.replay_accept, self.cfg.replay_depth
+        )
 
     def _hf(self, hf: Any, ctx: int) -> dict[str, Any]:
         return hf_ms_per_token(hf, ctx, self.cfg.ar_tokens * 4, self.device)

@@ -11,29 +11,60 @@ from typing import Any
 
 import torch
 
-from ..model.cache import KVCache
-from ..model.compiled import StaticForward, compile_count
 from ..config import ModelConfig, SamplingConfig, SpeculationConfig
 from ..decode.loop import ARDecoder
-from ..model.transformer import Transformer
 from ..decode.replay import ReplayDrafter
 from ..decode.sampling import TokenChooser
 from ..decode.tokenswift import TokenSwiftDecoder
+from ..model.cache import KVCache
+from ..model.compiled import StaticForward, compile_count
+from ..model.transformer import Transformer
 
 SHAPES: dict[str, dict[str, Any]] = {
-    "qwen2.5-1.5b": dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=1536,
-                         intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                         vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6,
-                         max_position_embeddings=131072),
-    "llama-3.1-8b": dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=4096,
-                         intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                         vocab_size=128256, tie_word_embeddings=False, rope_theta=500000.0, rms_norm_eps=1e-5,
-                         max_position_embeddings=131072,
-                         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "qwen2.5-1.5b": dict(
+        model_type="qwen2",
+        architectures=["Qwen2ForCausalLM"],
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=131072,
+    ),
+    "llama-3.1-8b": dict(
+        model_type="llama",
+        architectures=["LlamaForCausalLM"],
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        tie_word_embeddings=False,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=131072,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
 }
-TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=2048)
+TINY = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=2048,
+)
 NODES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
@@ -127,8 +158,9 @@ def verify_ms(model: Transformer, forward: Any, cache: KVCache, ctx: int, n: int
     return _median_ms(times)
 
 
-def replay_speed(model: Transformer, static: StaticForward, cache: KVCache, ctx: int, n: int,
-                 accepts: tuple[float, ...], depth: int) -> dict[str, Any]:
+def replay_speed(
+    model: Transformer, static: StaticForward, cache: KVCache, ctx: int, n: int, accepts: tuple[float, ...], depth: int
+) -> dict[str, Any]:
     """Compiled AR vs TokenSwift with the replay drafter (synthetic acceptance) from a real prefill of `ctx`
     random tokens, both in `cache` (the storage the compiled graphs were warmed on); whether TokenSwift's tokens
     equal AR's (bf16: a near-tie can part them, see identity.py). The AR and verification parts at this context
@@ -137,17 +169,26 @@ def replay_speed(model: Transformer, static: StaticForward, cache: KVCache, ctx:
     prompt = torch.randint(vocab, (ctx,), generator=torch.Generator().manual_seed(0)).tolist()
     greedy = SamplingConfig()
     ar_ids, ar_s, prefill_s = _decode(ARDecoder(model, TokenChooser(greedy), ctx + n + 8, static, cache), prompt, n)
-    out: dict[str, Any] = {"context": ctx, "tokens": n, "prefill_s": round(prefill_s, 2),
-                           "ar_tok_s": round(n / ar_s, 2), "synthetic": "replay drafter: not a real speedup"}
+    out: dict[str, Any] = {
+        "context": ctx,
+        "tokens": n,
+        "prefill_s": round(prefill_s, 2),
+        "ar_tok_s": round(n / ar_s, 2),
+        "synthetic": "replay drafter: not a real speedup",
+    }
     spec = SpeculationConfig(draft="fused", tree=(1,) * depth, ngram_topk=0, lookup=0, candidates="all")
     for accept in accepts:
         drafter = ReplayDrafter(prompt + ar_ids, accept, depth, vocab, seed=0)
         ts = TokenSwiftDecoder(model, TokenChooser(greedy), drafter, spec, ctx + n + 8, static, cache)
         ids, seconds, _ = _decode(ts, prompt, n)
         first = next((i for i, (a, b) in enumerate(zip(ids, ar_ids)) if a != b), None)
-        out[f"accept_{accept}"] = {"tok_s": round(n / seconds, 2), "speedup_vs_ar": round(ar_s / seconds, 3),
-                                   "tokens_per_step": round(ts.stats()["mean_accepted"], 3),
-                                   "identical": first is None, "first_difference": first}
+        out[f"accept_{accept}"] = {
+            "tok_s": round(n / seconds, 2),
+            "speedup_vs_ar": round(ar_s / seconds, 3),
+            "tokens_per_step": round(ts.stats()["mean_accepted"], 3),
+            "identical": first is None,
+            "first_difference": first,
+        }
     out["recompiles"] = static.recompiles
     return out
 
@@ -179,8 +220,10 @@ def fp32_identity(device: torch.device, n: int = 1000, compiled: bool = True) ->
                 continue
             ids = engine.generate(prompt, n, ignore_eos=True, mode=mode, compile=choice).token_ids
             first = next((i for i, (a, b) in enumerate(zip(ids, ar)) if a != b), None)
-            out[f"{mode}_compile_{choice}"] = {"identical": first is None and len(ids) == len(ar),
-                                               "first_difference": first}
+            out[f"{mode}_compile_{choice}"] = {
+                "identical": first is None and len(ids) == len(ar),
+                "first_difference": first,
+            }
     out["compiles_in_process"] = compile_count()
     return out
 
@@ -196,8 +239,15 @@ def hf_ms_per_token(hf: Any, ctx: int, n: int, device: torch.device) -> dict[str
         marks = _StreamMarks(lambda: _synced_now(device), lambda count: None)
         t0 = time.perf_counter()
         with torch.inference_mode(), _quiet_transformers():
-            hf.generate(ids, max_new_tokens=n, do_sample=False, cache_implementation="static", eos_token_id=None,
-                        pad_token_id=0, streamer=marks)
+            hf.generate(
+                ids,
+                max_new_tokens=n,
+                do_sample=False,
+                cache_implementation="static",
+                eos_token_id=None,
+                pad_token_id=0,
+                streamer=marks,
+            )
         if label == "first_call":
             out["first_call_s"] = round(time.perf_counter() - t0, 1)
         else:

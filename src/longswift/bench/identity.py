@@ -59,15 +59,17 @@ class Comparison:
             return "yes"
         margin = "margin not recorded" if self.margin is None else f"margin {self.margin:.1e}"
         if self.bound is None:
-            return (f"NO: differs at token {self.first_diff} ({margin}); no near-tie bound for this dtype: "
-                    "compare in fp32")
+            return (
+                f"NO: differs at token {self.first_diff} ({margin}); no near-tie bound for this dtype: compare in fp32"
+            )
         if self.kind == "near-tie":
             return f"NO: numerical near-tie at token {self.first_diff} ({margin} < {self.bound:.0e})"
         return f"NO: MISMATCH at token {self.first_diff} ({margin}; rounding explains < {self.bound:.0e})"
 
 
-def compare(reference: Sequence[int], other: Sequence[int], margins: Sequence[float] | None,
-            bound: float | None) -> Comparison:
+def compare(
+    reference: Sequence[int], other: Sequence[int], margins: Sequence[float] | None, bound: float | None
+) -> Comparison:
     """Classify `other` against `reference`; `margins[i]` is the reference's decision margin for token i."""
     first = next((i for i, (a, b) in enumerate(zip(reference, other)) if a != b), None)
     if first is None and len(reference) != len(other):

@@ -18,7 +18,7 @@ def distinct_n(ids: Sequence[int], n: int) -> float:
     total = len(ids) - n + 1
     if total <= 0:
         return 0.0
-    return len({tuple(ids[i: i + n]) for i in range(total)}) / total
+    return len({tuple(ids[i : i + n]) for i in range(total)}) / total
 
 
 def acceptance_rate(tokens_per_step: Mapping[str | int, int], depth: int) -> float:

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from ..model.cache import KVCache
 from ..errors import ConfigError
+from ..model.cache import KVCache
 from ..model.transformer import Transformer
 
 FILL_CHUNK = 8192  # rows of random keys/values written at a time, bounding the temporary tensors
@@ -68,18 +68,33 @@ class ProfileReport:
         return next((c.ms for c in self.cells if c.cache_len == cache_len and c.queries == queries), None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, "dtype": self.dtype, "model": self.model,
-                "cells": [asdict(c) for c in self.cells], "skipped": self.skipped}
+        return {
+            "device": self.device,
+            "dtype": self.dtype,
+            "model": self.model,
+            "cells": [asdict(c) for c in self.cells],
+            "skipped": self.skipped,
+        }
 
 
-def run_profile(model: Transformer, cfg: ProfileConfig = ProfileConfig(),
-                progress: Callable[[int, int], None] | None = None) -> ProfileReport:
+def run_profile(
+    model: Transformer, cfg: ProfileConfig = ProfileConfig(), progress: Callable[[int, int], None] | None = None
+) -> ProfileReport:
     """Time model(n tokens) over caches of T random rows on the model's device; cells done -> progress(done, total)."""
     mc = model.cfg
-    report = ProfileReport(_device_name(model.device), str(model.dtype).removeprefix("torch."),
-                           {"layers": mc.num_layers, "hidden": mc.hidden_size, "heads": mc.num_heads,
-                            "kv_heads": mc.num_kv_heads, "head_dim": mc.head_dim, "vocab": mc.vocab_size,
-                            "parameters": sum(p.numel() for p in model.parameters())})
+    report = ProfileReport(
+        _device_name(model.device),
+        str(model.dtype).removeprefix("torch."),
+        {
+            "layers": mc.num_layers,
+            "hidden": mc.hidden_size,
+            "heads": mc.num_heads,
+            "kv_heads": mc.num_kv_heads,
+            "head_dim": mc.head_dim,
+            "vocab": mc.vocab_size,
+            "parameters": sum(p.numel() for p in model.parameters()),
+        },
+    )
     max_n = max(cfg.query_counts)
     total, done = len(cfg.cache_lengths) * len(cfg.query_counts), 0
     for t in cfg.cache_lengths:
@@ -172,8 +187,10 @@ def format_profile(report: ProfileReport) -> str:
     """Rows: cache length T; columns: query tokens n; cells: ms per forward (median)."""
     ts = sorted({c.cache_len for c in report.cells})
     ns = sorted({c.queries for c in report.cells})
-    lines = [f"ms per forward, {report.device} {report.dtype} (rows: cached tokens T, columns: query tokens n)",
-             f"{'T':>8} " + " ".join(f"{'n=' + str(n):>8}" for n in ns)]
+    lines = [
+        f"ms per forward, {report.device} {report.dtype} (rows: cached tokens T, columns: query tokens n)",
+        f"{'T':>8} " + " ".join(f"{'n=' + str(n):>8}" for n in ns),
+    ]
     for t in ts:
         lines.append(f"{t:>8,} " + " ".join(f"{_cell(report.ms(t, n)):>8}" for n in ns))
     lines += [f"skipped T={s['cache_len']:,}: {s['reason']}" for s in report.skipped]
@@ -213,10 +230,19 @@ def _plot(report: ProfileReport, path: Path) -> Path | None:
         left.plot([c.queries for c in cells], [c.ms for c in cells], marker="o", label=f"T={t:,}")
         if base:
             right.plot([c.queries for c in cells], [c.ms / base for c in cells], marker="o", label=f"T={t:,}")
-    left.set(xscale="log", yscale="log", xlabel="query tokens n", ylabel="ms per forward",
-             title=f"{report.device} {report.dtype}")
-    right.set(xscale="log", xlabel="query tokens n", ylabel="cost relative to n=1 (×)",
-              title="tokens a step must accept to break even")
+    left.set(
+        xscale="log",
+        yscale="log",
+        xlabel="query tokens n",
+        ylabel="ms per forward",
+        title=f"{report.device} {report.dtype}",
+    )
+    right.set(
+        xscale="log",
+        xlabel="query tokens n",
+        ylabel="cost relative to n=1 (×)",
+        title="tokens a step must accept to break even",
+    )
     ns = sorted({c.queries for c in report.cells})
     for ax in (left, right):
         ax.set_xticks(ns, [str(n) for n in ns])

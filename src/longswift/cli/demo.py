@@ -1,4 +1,4 @@
-"""`longswift demo`, the main job of the README: generate from one model with several methods, side by side, and compare.
+"""`longswift demo`, the main job of the README: one model, several methods, side by side, compared.
 
 Greedy decoding makes the comparison exact: every method must produce the same tokens (that is what lossless
 means), so the only thing allowed to differ is time. Speed is a ratio measured in the same run.
@@ -15,8 +15,8 @@ from typing import Any, TextIO
 import torch
 
 from ..api import Engine
-from ..config import Mode, SamplingConfig, SpeculationConfig
 from ..bench.identity import NEAR_TIE_FP32, Comparison, compare, near_tie_bound
+from ..config import Mode, SamplingConfig, SpeculationConfig
 from ..errors import ConfigError
 from ..jobs.request import GenerationRequest
 from .options import add_speculation, speculation_from
@@ -61,8 +61,13 @@ class DemoReport:
         return base.decode_s / by_name[name].decode_s
 
 
-def run_demo(engine: Engine, prompt: str, max_new_tokens: int, methods: tuple[str, ...],
-             speculation: SpeculationConfig | None = None) -> DemoReport:
+def run_demo(
+    engine: Engine,
+    prompt: str,
+    max_new_tokens: int,
+    methods: tuple[str, ...],
+    speculation: SpeculationConfig | None = None,
+) -> DemoReport:
     """Greedy generation of `max_new_tokens` with each method (after a short warm-up), in the given order.
 
     The penalty is the paper's (1.2 over the last 1024 tokens), except that with `hf` in the comparison it covers
@@ -78,13 +83,15 @@ def run_demo(engine: Engine, prompt: str, max_new_tokens: int, methods: tuple[st
     return report
 
 
-def _run(engine: Engine, name: str, prompt: str, n: int, sampling: SamplingConfig,
-         speculation: SpeculationConfig | None) -> tuple[MethodRun, str]:
+def _run(
+    engine: Engine, name: str, prompt: str, n: int, sampling: SamplingConfig, speculation: SpeculationConfig | None
+) -> tuple[MethodRun, str]:
     if name == "hf":
         return _run_transformers(engine, prompt, n, sampling)
     mode: Mode = "tokenswift" if name == "tokenswift" else "ar"
-    result = engine.generate(GenerationRequest(prompt, n, sampling, ignore_eos=True, mode=mode, speculation=speculation,
-                                               record_margins=True))
+    result = engine.generate(
+        GenerationRequest(prompt, n, sampling, ignore_eos=True, mode=mode, speculation=speculation, record_margins=True)
+    )
     return MethodRun(name, result.token_ids, result.stats["decode_s"], result.margins), result.text
 
 
@@ -95,8 +102,13 @@ def _run_transformers(engine: Engine, prompt: str, n: int, sampling: SamplingCon
     model: Any = AutoModelForCausalLM.from_pretrained(engine.checkpoint.path, dtype=engine.dtype)
     model = model.to(engine.device)
     ids = torch.tensor([engine.encode(prompt)], device=engine.device)
-    kwargs = dict(do_sample=False, repetition_penalty=sampling.repetition_penalty, eos_token_id=None,
-                  pad_token_id=0, cache_implementation="static")
+    kwargs = dict(
+        do_sample=False,
+        repetition_penalty=sampling.repetition_penalty,
+        eos_token_id=None,
+        pad_token_id=0,
+        cache_implementation="static",
+    )
     with torch.inference_mode():
         t0 = time.perf_counter()
         model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kwargs)
@@ -104,7 +116,7 @@ def _run_transformers(engine: Engine, prompt: str, n: int, sampling: SamplingCon
         out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kwargs)
         t2 = time.perf_counter()
     # Subtract the cost of a 1-token generate (prefill + set-up) to leave decoding time.
-    new = out[0, ids.shape[1]:].tolist()
+    new = out[0, ids.shape[1] :].tolist()
     return MethodRun("hf", new, max(t2 - t1 - (t1 - t0), 1e-9)), engine.tokenizer.decode(new)
 
 
@@ -112,13 +124,19 @@ def add_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="local model directory (default: the embedded model)")
     p.add_argument("--prompt", default=DEMO_PROMPT, help="prompt text")
     p.add_argument("--max-new-tokens", type=int, default=2048, help="tokens per method (default 2048)")
-    p.add_argument("--methods", default=None,
-                   help="comma-separated from ar, tokenswift, hf (default: ar,tokenswift with heads, else ar,hf)")
+    p.add_argument(
+        "--methods",
+        default=None,
+        help="comma-separated from ar, tokenswift, hf (default: ar,tokenswift with heads, else ar,hf)",
+    )
     add_speculation(p)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto")
-    p.add_argument("--show-text", action="store_true",
-                   help=f"print the whole generated text (default: its first {EXCERPT_LINES} lines)")
+    p.add_argument(
+        "--show-text",
+        action="store_true",
+        help=f"print the whole generated text (default: its first {EXCERPT_LINES} lines)",
+    )
 
 
 EXCERPT_LINES = 8  # enough to see that the text is text; the numbers are what the demo is for
@@ -137,13 +155,17 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     unknown = set(methods) - {"ar", "hf", "tokenswift"}
     if unknown or not methods:
         raise ConfigError(f"unknown methods {sorted(unknown)}; use ar, tokenswift, hf")
-    err.write(f"longswift demo: {args.max_new_tokens} greedy tokens per method on {engine.checkpoint.path} "
-              f"({engine.device}, {str(engine.dtype).removeprefix('torch.')})\n")
+    err.write(
+        f"longswift demo: {args.max_new_tokens} greedy tokens per method on {engine.checkpoint.path} "
+        f"({engine.device}, {str(engine.dtype).removeprefix('torch.')})\n"
+    )
     report = run_demo(engine, args.prompt, args.max_new_tokens, methods, speculation)
     out.write((args.prompt + report.text + "\n\n") if args.show_text else excerpt(args.prompt, report.text))
     for run in report.runs:
-        out.write(f"{run.name:>10}: {len(run.token_ids)} tokens, {run.decode_s:7.2f} s decode, "
-                  f"{run.tokens_per_s:8.1f} tok/s, speedup over ar {report.speedup(run.name):.2f}x\n")
+        out.write(
+            f"{run.name:>10}: {len(run.token_ids)} tokens, {run.decode_s:7.2f} s decode, "
+            f"{run.tokens_per_s:8.1f} tok/s, speedup over ar {report.speedup(run.name):.2f}x\n"
+        )
     out.write(f"outputs identical across methods: {report.identical()}\n")
     for name, comparison in report.comparisons().items():
         if not comparison.identical:  # a near-tie is explained, never hidden

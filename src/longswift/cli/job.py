@@ -34,12 +34,17 @@ def compiling(engine: Any, err: TextIO | None) -> Iterator[None]:
 
 
 def summary(s: dict[str, Any], finish_reason: str) -> str:
-    extra = (f", {s['mean_accepted']:.2f} tokens/step, acceptance {s['acceptance_rate']:.2f}"
-             if s["mode"] == "tokenswift" else "")
+    extra = (
+        f", {s['mean_accepted']:.2f} tokens/step, acceptance {s['acceptance_rate']:.2f}"
+        if s["mode"] == "tokenswift"
+        else ""
+    )
     resumed = f" ({s['new_tokens'] - s['resumed_tokens']} in this run)" if s.get("resumed_tokens") else ""
-    return (f"[{s['mode']}] {s['new_tokens']} tokens{resumed} in {s['decode_s']:.2f}s "
-            f"({s['tokens_per_s']:.1f} tok/s{extra}), "
-            f"prefill {s['prefill_s']:.2f}s, stop: {finish_reason}")
+    return (
+        f"[{s['mode']}] {s['new_tokens']} tokens{resumed} in {s['decode_s']:.2f}s "
+        f"({s['tokens_per_s']:.1f} tok/s{extra}), "
+        f"prefill {s['prefill_s']:.2f}s, stop: {finish_reason}"
+    )
 
 
 class Progress:
@@ -66,8 +71,10 @@ class Progress:
             self.logged = self.done
             rate = (self.done - self.already) / max(time.perf_counter() - self.start, 1e-9)  # this run only
             eta = (self.total - self.done) / rate if rate > 0 else 0.0
-            self.err.write(f"[longswift] {self.done:,}/{self.total:,} tokens, {rate:.1f} tok/s, "
-                           f"ETA {eta / 60:.1f} min{', ' + self._per_step() if self._per_step() else ''}\n")
+            self.err.write(
+                f"[longswift] {self.done:,}/{self.total:,} tokens, {rate:.1f} tok/s, "
+                f"ETA {eta / 60:.1f} min{', ' + self._per_step() if self._per_step() else ''}\n"
+            )
             self.err.flush()
 
     def _per_step(self) -> str:

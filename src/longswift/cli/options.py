@@ -21,8 +21,12 @@ def add_sampling(p: argparse.ArgumentParser) -> Any:
     s.add_argument("--min-p", type=float, default=0.1, help="drop tokens below min-p x the top probability (0.1)")
     s.add_argument("--eta", type=float, default=0.0, help="eta-sampling epsilon; 0 = off (default)")
     s.add_argument("--repetition-penalty", type=float, default=1.2, help="penalty on recent tokens; 1 = off (1.2)")
-    s.add_argument("--penalty-window", type=int, default=1024,
-                   help="the penalty looks at the last W tokens, prompt included; 0 = whole context (1024)")
+    s.add_argument(
+        "--penalty-window",
+        type=int,
+        default=1024,
+        help="the penalty looks at the last W tokens, prompt included; 0 = whole context (1024)",
+    )
     return s
 
 
@@ -30,39 +34,68 @@ def sampling_from(args: argparse.Namespace) -> Any:
     """The SamplingConfig of `add_sampling`'s options."""
     from ..config import SamplingConfig
 
-    return SamplingConfig(temperature=0.0 if args.greedy else args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          min_p=args.min_p, eta=args.eta, repetition_penalty=args.repetition_penalty,
-                          penalty_window=args.penalty_window)
+    return SamplingConfig(
+        temperature=0.0 if args.greedy else args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        eta=args.eta,
+        repetition_penalty=args.repetition_penalty,
+        penalty_window=args.penalty_window,
+    )
 
 
 def add_speculation(p: argparse.ArgumentParser) -> None:
     """TokenSwift's options (generate, demo, serve, generate-batch)."""
     g = p.add_argument_group("TokenSwift (defaults: the paper's on GPUs; fused drafting, adaptive candidates on CPUs)")
-    g.add_argument("--heads", type=Path, help="draft heads file (default: heads.safetensors in the model directory, "
-                                              "else the blocks embedded in a released TokenSwift checkpoint)")
-    g.add_argument("--tree", default=None,
-                   help="candidates per depth below the root; partial drafting: base head, then each draft head; "
-                        "fused: draft heads 1..γ (default 1,3,3,3 on GPU, 1 on CPU)")
-    g.add_argument("--ngram-topk", type=int, default=None,
-                   help="n-gram chains added per step; 0 = off (default 20 on GPU, 1 on CPU)")
-    g.add_argument("--draft", choices=["partial", "fused"], default=None,
-                   help="partial = the paper's drafting forward over a partial KV cache; fused = draft from the "
-                        "verification forward (one forward per step) (default: fused on CPU, partial on GPU)")
-    g.add_argument("--candidates", choices=["all", "adaptive"], default=None,
-                   help="all = verify every candidate; adaptive = only those whose expected gain pays for their "
-                        "measured cost, --tree and --ngram-topk become upper bounds (default: adaptive on CPU, "
-                        "all on GPU)")
-    g.add_argument("--lookup", type=int, default=None,
-                   help="prompt-lookup chain: up to N tokens of what followed the last earlier occurrence of the "
-                        "text's last 3 tokens; 0 = off (default 16 on CPU, 0 on GPU)")
+    g.add_argument(
+        "--heads",
+        type=Path,
+        help="draft heads file (default: heads.safetensors in the model directory, "
+        "else the blocks embedded in a released TokenSwift checkpoint)",
+    )
+    g.add_argument(
+        "--tree",
+        default=None,
+        help="candidates per depth below the root; partial drafting: base head, then each draft head; "
+        "fused: draft heads 1..γ (default 1,3,3,3 on GPU, 1 on CPU)",
+    )
+    g.add_argument(
+        "--ngram-topk",
+        type=int,
+        default=None,
+        help="n-gram chains added per step; 0 = off (default 20 on GPU, 1 on CPU)",
+    )
+    g.add_argument(
+        "--draft",
+        choices=["partial", "fused"],
+        default=None,
+        help="partial = the paper's drafting forward over a partial KV cache; fused = draft from the "
+        "verification forward (one forward per step) (default: fused on CPU, partial on GPU)",
+    )
+    g.add_argument(
+        "--candidates",
+        choices=["all", "adaptive"],
+        default=None,
+        help="all = verify every candidate; adaptive = only those whose expected gain pays for their "
+        "measured cost, --tree and --ngram-topk become upper bounds (default: adaptive on CPU, "
+        "all on GPU)",
+    )
+    g.add_argument(
+        "--lookup",
+        type=int,
+        default=None,
+        help="prompt-lookup chain: up to N tokens of what followed the last earlier occurrence of the "
+        "text's last 3 tokens; 0 = off (default 16 on CPU, 0 on GPU)",
+    )
     g.add_argument("--kv-budget", type=int, default=4096, help="rows of the partial KV cache for drafting (4096)")
     g.add_argument("--sink-tokens", type=int, default=16, help="leading rows always kept in it (16)")
 
 
 def speculation_from(args: argparse.Namespace, device: str) -> Any:
     """The SpeculationConfig of `add_speculation`'s options: the device's defaults, changed where a flag was given."""
-    from ..model.device import resolve_device
     from ..config import SpeculationConfig
+    from ..model.device import resolve_device
 
     changes: dict[str, Any] = {"kv_budget": args.kv_budget, "sink_tokens": args.sink_tokens}
     if args.tree is not None:
@@ -81,10 +114,13 @@ def add_hardware(p: argparse.ArgumentParser, compile_note: str = "") -> Any:
     d = p.add_argument_group("hardware")
     d.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     d.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto (fp32 on CPU, bf16 on GPU)")
-    d.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
-                   help="compile the decoding and verification steps with torch.compile (static shapes; CUDA graphs "
-                        "on GPUs); auto = where measured to pay (default; currently nowhere, see BENCHMARKS.md)"
-                        + compile_note)
+    d.add_argument(
+        "--compile",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="compile the decoding and verification steps with torch.compile (static shapes; CUDA graphs "
+        "on GPUs); auto = where measured to pay (default; currently nowhere, see BENCHMARKS.md)" + compile_note,
+    )
     return d
 
 
@@ -101,8 +137,16 @@ def request_from(args: argparse.Namespace, prompt: str, sampling: Any, speculati
     """The GenerationRequest of generate's options (generate-batch: the template of its jobs, `prompt` unused)."""
     from ..jobs.request import GenerationRequest
 
-    return GenerationRequest(prompt, args.max_new_tokens, sampling, seed=args.seed, stop_strings=tuple(args.stop),
-                             ignore_eos=args.ignore_eos, mode=args.mode, speculation=speculation)
+    return GenerationRequest(
+        prompt,
+        args.max_new_tokens,
+        sampling,
+        seed=args.seed,
+        stop_strings=tuple(args.stop),
+        ignore_eos=args.ignore_eos,
+        mode=args.mode,
+        speculation=speculation,
+    )
 
 
 def launch_from(args: argparse.Namespace) -> Any:

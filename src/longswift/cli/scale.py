@@ -26,8 +26,10 @@ def one_group(tp: int) -> Layout:
     """The layout of a single job: exactly one tensor-parallel group (several groups are `generate-batch`'s)."""
     layout = layout_from_env(tp)
     if layout.groups != 1:
-        raise ConfigError(f"generate runs one job on --tp {tp} processes but this launch has {layout.world}; "
-                          f"start {tp} processes, or use generate-batch to spread many prompts over groups")
+        raise ConfigError(
+            f"generate runs one job on --tp {tp} processes but this launch has {layout.world}; "
+            f"start {tp} processes, or use generate-batch to spread many prompts over groups"
+        )
     return layout
 
 
@@ -55,8 +57,9 @@ class RankErrors:
                 exc.args = (f"rank {self.rank}: {exc}",)
 
 
-def shared_stop(parallel: TensorParallel | None, requested: Callable[[], bool],
-                device: torch.device) -> Callable[[], bool]:
+def shared_stop(
+    parallel: TensorParallel | None, requested: Callable[[], bool], device: torch.device
+) -> Callable[[], bool]:
     """A stop check every rank answers alike: a signal that reached one rank stops the whole group at the same
     step boundary (a rank that stopped alone would leave the others waiting in a collective)."""
     if parallel is None:
@@ -66,9 +69,9 @@ def shared_stop(parallel: TensorParallel | None, requested: Callable[[], bool],
 
 def dry_run(args: argparse.Namespace, model_dir: Path, prompt: str, spec: SpeculationConfig | None) -> str:
     """The memory plan from config.json alone (no weights needed), per rank for --tp, and which --tp fits."""
-    from ..model.device import resolve_device, resolve_dtype
-    from ..model.checkpoint import read_config
     from ..jobs.memory import fits_table, plan_memory
+    from ..model.checkpoint import read_config
+    from ..model.device import resolve_device, resolve_dtype
 
     cfg = read_config(model_dir)
     if args.tp < 1:
@@ -79,9 +82,13 @@ def dry_run(args: argparse.Namespace, model_dir: Path, prompt: str, spec: Specul
     dtype = resolve_dtype(args.dtype, device)
     plan = plan_memory(cfg, dtype, device, prompt_len, args.max_new_tokens, spec, args.tp)
     sizes = [n for n in valid_splits(cfg) if n & (n - 1) == 0]  # powers of two: GPUs per machine
-    return "\n".join([plan.describe(), fits_table(cfg, dtype, device, prompt_len, args.max_new_tokens, spec, sizes),
-                      f"  (prompt: {note}; embeddings are {_embedding_share(cfg):.1%} of the weights, split by "
-                      "vocabulary)"])
+    return "\n".join(
+        [
+            plan.describe(),
+            fits_table(cfg, dtype, device, prompt_len, args.max_new_tokens, spec, sizes),
+            f"  (prompt: {note}; embeddings are {_embedding_share(cfg):.1%} of the weights, split by vocabulary)",
+        ]
+    )
 
 
 def _prompt_tokens(model_dir: Path, prompt: str) -> tuple[int, str]:
@@ -108,11 +115,19 @@ def _embedding_share(cfg: ModelConfig) -> float:
 
 def add_generate_batch(p: argparse.ArgumentParser) -> None:
     """generate-batch's own options; the generation options are generate's (added by the caller)."""
-    p.add_argument("--prompts", type=Path, required=True,
-                   help='JSONL file: one {"prompt": ..., "id": ..., "max_new_tokens": ..., "seed": ...} per line')
-    p.add_argument("--out-dir", type=Path, required=True,
-                   help="directory for each job's text, checkpoint and result, and results.jsonl (shared by all "
-                        "nodes, or one per node: each group writes its own jobs)")
+    p.add_argument(
+        "--prompts",
+        type=Path,
+        required=True,
+        help='JSONL file: one {"prompt": ..., "id": ..., "max_new_tokens": ..., "seed": ...} per line',
+    )
+    p.add_argument(
+        "--out-dir",
+        type=Path,
+        required=True,
+        help="directory for each job's text, checkpoint and result, and results.jsonl (shared by all "
+        "nodes, or one per node: each group writes its own jobs)",
+    )
 
 
 def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
@@ -135,14 +150,22 @@ def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
         engine = Engine.launched(launch)
         options = BatchOptions(request_from(args, "", sampling, speculation), args.checkpoint_every)
         mine = share(items, layout.group_index, layout.groups)
+
         def report(line: str) -> None:
             if layout.is_lead and not args.quiet:
                 err.write(line + "\n")
                 err.flush()
 
         with StopOnSignal() as signals:
-            runner = BatchRunner(engine, args.out_dir, options, layout.is_lead,
-                                 shared_stop(parallel, signals.requested, launch.device), report, launch.share)
+            runner = BatchRunner(
+                engine,
+                args.out_dir,
+                options,
+                layout.is_lead,
+                shared_stop(parallel, signals.requested, launch.device),
+                report,
+                launch.share,
+            )
             finished = runner.run(mine) and _wait_for_all(everyone, signals.requested)
         if not finished:
             if layout.is_lead:
@@ -152,8 +175,10 @@ def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
         if layout.rank == 0:
             write_results(args.out_dir / "results.jsonl", lines)
             failed = sum("error" in line for line in lines)
-            out.write(f"{len(lines)} prompts: {len(lines) - failed} finished, {failed} failed; "
-                      f"results in {args.out_dir / 'results.jsonl'}\n")
+            out.write(
+                f"{len(lines)} prompts: {len(lines) - failed} finished, {failed} failed; "
+                f"results in {args.out_dir / 'results.jsonl'}\n"
+            )
         return 0
 
 

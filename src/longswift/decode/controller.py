@@ -70,8 +70,9 @@ class AcceptanceStats:
     def rate(self, source: Hashable) -> float:
         """Estimated P(node accepted | parent accepted) for a node from `source`."""
         prior = _prior(source)
-        return ((self.accepted.get(source, 0.0) + PRIOR_STRENGTH * prior)
-                / (self.offered.get(source, 0.0) + PRIOR_STRENGTH))
+        return (self.accepted.get(source, 0.0) + PRIOR_STRENGTH * prior) / (
+            self.offered.get(source, 0.0) + PRIOR_STRENGTH
+        )
 
     def node_rate(self, sources: Sequence[Hashable]) -> float:
         """A node several sources proposed is as likely as its most reliable source says."""
@@ -94,8 +95,14 @@ class AcceptanceStats:
     def summary(self) -> dict[str, dict[str, float]]:
         """Hindsight acceptance per source kind and depth: {"head d1": {"offered", "accepted", "rate"}}."""
         keys = sorted({k.rsplit(" ", 1)[0] for k in self.totals})
-        return {k: {"offered": self.totals[k + " offered"], "accepted": self.totals[k + " accepted"],
-                    "rate": round(self.totals[k + " accepted"] / self.totals[k + " offered"], 4)} for k in keys}
+        return {
+            k: {
+                "offered": self.totals[k + " offered"],
+                "accepted": self.totals[k + " accepted"],
+                "rate": round(self.totals[k + " accepted"] / self.totals[k + " offered"], 4),
+            }
+            for k in keys
+        }
 
     def _count(self, source: Hashable, hit: bool) -> None:
         offered = self.offered.get(source, 0.0) + 1

@@ -22,16 +22,15 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
-from ..model.cache import KVCache
-from ..model.compiled import node_bucket
 from ..config import SamplingConfig, SpeculationConfig
 from ..errors import ConfigError
+from ..model.cache import KVCache
+from ..model.compiled import node_bucket
 from ..model.heads import DraftHeads
-from ..model.transformer import QueryLog, Transformer
 from ..model.partial_cache import PartialCache
-from .sampling import TokenChooser, apply_penalty
-
+from ..model.transformer import QueryLog, Transformer
 from .loop import EagerForward
+from .sampling import TokenChooser, apply_penalty
 
 if TYPE_CHECKING:
     from .loop import Forward
@@ -91,11 +90,13 @@ def keyed_on_first_draft(root: int, draft: Draft) -> int | None:
 class _HeadsTop:
     """Penalised top-k of the heads' logits, shared by both drafters."""
 
-    def __init__(self, model: Transformer, heads: DraftHeads, sampling: SamplingConfig,
-                 spec: SpeculationConfig) -> None:
+    def __init__(
+        self, model: Transformer, heads: DraftHeads, sampling: SamplingConfig, spec: SpeculationConfig
+    ) -> None:
         self.model, self.heads, self.spec = model, heads, spec
-        self.chooser = TokenChooser(SamplingConfig(repetition_penalty=sampling.repetition_penalty,
-                                                   penalty_window=sampling.penalty_window))
+        self.chooser = TokenChooser(
+            SamplingConfig(repetition_penalty=sampling.repetition_penalty, penalty_window=sampling.penalty_window)
+        )
 
     def top(self, logits: Tensor, context: Tensor) -> Draft:
         """logits (depths, V) fp32 -> the tree's widths of best tokens per depth, with their probabilities."""
@@ -117,17 +118,31 @@ class PartialDrafter(_HeadsTop):
     can_skip = False  # the partial cache must see every decided token
     chains_from_root = False
 
-    def __init__(self, model: Transformer, heads: DraftHeads, sampling: SamplingConfig,
-                 spec: SpeculationConfig, forward: Forward | None = None) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        heads: DraftHeads,
+        sampling: SamplingConfig,
+        spec: SpeculationConfig,
+        forward: Forward | None = None,
+    ) -> None:
         if len(spec.tree) > heads.meta.gamma + 1:
-            raise ConfigError(f"tree {list(spec.tree)} has depth {len(spec.tree)} but the heads give only "
-                              f"{heads.meta.gamma + 1} distributions (γ={heads.meta.gamma})")
+            raise ConfigError(
+                f"tree {list(spec.tree)} has depth {len(spec.tree)} but the heads give only "
+                f"{heads.meta.gamma + 1} distributions (γ={heads.meta.gamma})"
+            )
         super().__init__(model, heads, sampling, spec)
         max_new = spec.max_depth() + 2
         self.forward: Forward = forward or EagerForward(model)
-        self.partial = PartialCache(model.cfg, spec.kv_budget, spec.sink_tokens, max_new=max_new,
-                                    slack=(node_bucket(max_new) or max_new) - max_new + 1,  # a padded block fits
-                                    device=model.device, dtype=model.dtype)
+        self.partial = PartialCache(
+            model.cfg,
+            spec.kv_budget,
+            spec.sink_tokens,
+            max_new=max_new,
+            slack=(node_bucket(max_new) or max_new) - max_new + 1,  # a padded block fits
+            device=model.device,
+            dtype=model.dtype,
+        )
         self.covered = 0  # decided tokens already fed to the partial cache (or covered by a selection)
 
     def start(self, full: KVCache, log: QueryLog | None) -> None:
@@ -140,13 +155,13 @@ class PartialDrafter(_HeadsTop):
 
     @torch.inference_mode()
     def propose(self, context: Tensor, full: KVCache, log: QueryLog | None) -> Draft:
-        new = context[self.covered:]
+        new = context[self.covered :]
         # Many tokens since the last draft (steps that skipped drafting) need a reselection, as a full cache does.
         if new.shape[0] > self.partial.max_new or not self.partial.room_for(new.shape[0]):
             assert log is not None, "the partial cache selects rows by the logged queries"
             self.partial.select(full, log)
             self.covered = full.length
-            new = context[self.covered:]
+            new = context[self.covered :]
         positions = torch.arange(self.covered, context.shape[0], device=context.device)
         hidden = self.forward(new[None], positions, self.partial)[0, -1]
         self.covered = context.shape[0]
@@ -166,12 +181,15 @@ class FusedDrafter(_HeadsTop):
     can_skip = True  # nothing to catch up: the next verification computes the hidden state it drafts from
     chains_from_root = True  # the base head's choice is the root itself
 
-    def __init__(self, model: Transformer, heads: DraftHeads, sampling: SamplingConfig,
-                 spec: SpeculationConfig) -> None:
+    def __init__(
+        self, model: Transformer, heads: DraftHeads, sampling: SamplingConfig, spec: SpeculationConfig
+    ) -> None:
         if len(spec.tree) > heads.meta.gamma:
-            raise ConfigError(f"tree {list(spec.tree)} has depth {len(spec.tree)} but fused drafting gets only "
-                              f"{heads.meta.gamma} levels from γ={heads.meta.gamma} heads (the base head's choice "
-                              "is the root); use a tree of at most that depth or --draft partial")
+            raise ConfigError(
+                f"tree {list(spec.tree)} has depth {len(spec.tree)} but fused drafting gets only "
+                f"{heads.meta.gamma} levels from γ={heads.meta.gamma} heads (the base head's choice "
+                "is the root); use a tree of at most that depth or --draft partial"
+            )
         super().__init__(model, heads, sampling, spec)
         self.hidden: Tensor | None = None
 
@@ -195,8 +213,13 @@ class FusedDrafter(_HeadsTop):
         return {"partial_cache_selections": 0}
 
 
-def make_drafter(model: Transformer, heads: DraftHeads, sampling: SamplingConfig,
-                 spec: SpeculationConfig, forward: Forward | None = None) -> Drafter:
+def make_drafter(
+    model: Transformer,
+    heads: DraftHeads,
+    sampling: SamplingConfig,
+    spec: SpeculationConfig,
+    forward: Forward | None = None,
+) -> Drafter:
     """The drafter `spec.draft` names; `forward` runs the paper's drafting forward (fused drafting has none)."""
     if spec.draft == "fused":
         return FusedDrafter(model, heads, sampling, spec)

@@ -24,8 +24,9 @@ from .transcript import Piece, Transcript
 PREFILL_CHUNK = 512
 
 
-def prefill(model: Transformer, cache: KVCache, ids: Tensor, chunk: int = PREFILL_CHUNK,
-            log: QueryLog | None = None) -> Tensor:
+def prefill(
+    model: Transformer, cache: KVCache, ids: Tensor, chunk: int = PREFILL_CHUNK, log: QueryLog | None = None
+) -> Tensor:
     """Run `ids` (n,) through `model` in chunks, committing every row -> pre-norm hidden of the last token (hidden,).
 
     Chunking bounds the attention mask to (chunk, n) and the activations to `chunk` rows, so a 100K-token prompt
@@ -34,7 +35,7 @@ def prefill(model: Transformer, cache: KVCache, ids: Tensor, chunk: int = PREFIL
     hidden = None
     start = cache.end
     for lo in range(0, ids.shape[0], chunk):
-        part = ids[lo: lo + chunk]
+        part = ids[lo : lo + chunk]
         positions = torch.arange(start + lo, start + lo + part.shape[0], device=ids.device)
         hidden = model(part[None], positions, cache, log=log)[0, -1]
         cache.commit()
@@ -58,7 +59,7 @@ class Context:
 
     def extend(self, tokens: list[int]) -> None:
         n = len(tokens)
-        self._buf[self.length: self.length + n] = torch.as_tensor(tokens, device=self._buf.device)
+        self._buf[self.length : self.length + n] = torch.as_tensor(tokens, device=self._buf.device)
         self.length += n
         self.host.extend(tokens)
 
@@ -95,8 +96,14 @@ class Forward(Protocol):
     a decoder asks of it besides: `warm_up` compiles before decoding is timed (-> its seconds; None when there is
     nothing to compile), `stats` its running counts ({} when it keeps none)."""
 
-    def __call__(self, tokens: Tensor, positions: Tensor, cache: Cache, tree_mask: Tensor | None = None,
-                 log: QueryLog | None = None) -> Tensor: ...
+    def __call__(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: Cache,
+        tree_mask: Tensor | None = None,
+        log: QueryLog | None = None,
+    ) -> Tensor: ...
 
     def warm_up(self, cache: KVCache, max_nodes: int, log_row: int | None = None) -> float | None: ...
 
@@ -109,8 +116,14 @@ class EagerForward:
     def __init__(self, model: Transformer) -> None:
         self.model = model
 
-    def __call__(self, tokens: Tensor, positions: Tensor, cache: Cache, tree_mask: Tensor | None = None,
-                 log: QueryLog | None = None) -> Tensor:
+    def __call__(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: Cache,
+        tree_mask: Tensor | None = None,
+        log: QueryLog | None = None,
+    ) -> Tensor:
         return self.model(tokens, positions, cache, tree_mask, log=log)
 
     def warm_up(self, cache: KVCache, max_nodes: int, log_row: int | None = None) -> float | None:
@@ -130,8 +143,9 @@ def reuse(cache: KVCache | None, capacity: int) -> KVCache | None:
     return cache
 
 
-def warm_up(forward: Forward, cache: KVCache, max_nodes: int, timer: Timer, since: float,
-            log_row: int | None = None) -> None:
+def warm_up(
+    forward: Forward, cache: KVCache, max_nodes: int, timer: Timer, since: float, log_row: int | None = None
+) -> None:
     """Compile a static forward's graphs before decoding is timed (its seconds go to the `compile` split)."""
     if forward.warm_up(cache, max_nodes, log_row) is not None:
         timer.add("compile", since, sync=True)
@@ -148,8 +162,12 @@ def forward_stats(forward: Forward, since: dict[str, Any]) -> dict[str, Any]:
     now = forward.stats()
     if not now:
         return {}
-    return {"compile": {k: (round(v - since[k], 3) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
-                        for k, v in now.items()}}
+    return {
+        "compile": {
+            k: (round(v - since[k], 3) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+            for k, v in now.items()
+        }
+    }
 
 
 class Decoder(Protocol):
@@ -169,8 +187,14 @@ class ARDecoder:
 
     mode = "ar"
 
-    def __init__(self, model: Transformer, chooser: TokenChooser, capacity: int,
-                 forward: Forward | None = None, cache: KVCache | None = None) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        chooser: TokenChooser,
+        capacity: int,
+        forward: Forward | None = None,
+        cache: KVCache | None = None,
+    ) -> None:
         """`cache`: reuse this (empty, large enough) cache instead of allocating one, e.g. to keep a compiled
         forward's CUDA graphs, which are recorded for one storage address."""
         self.model = model
@@ -199,7 +223,7 @@ class ARDecoder:
         if self._unfed is not None:
             pos = self.context.length - 1
             tokens = self.context.ids()[pos:][None]  # already on the device: no host-to-device copy
-            hidden = self.forward(tokens, self._positions[pos: pos + 1], self.cache)
+            hidden = self.forward(tokens, self._positions[pos : pos + 1], self.cache)
             self.cache.commit()
             self._logits = self.model.logits(hidden[0, -1])
         assert self._logits is not None, "start() computes the first logits"

@@ -86,11 +86,11 @@ class HistoryLookup:
         """`length` tokens that followed the last earlier occurrence of ids[-k:] (none if it never occurred)."""
         n, k = len(ids), self.k
         for end in range(max(self._indexed, k - 1), n - 1):  # every k-gram that ends before the last token
-            self._last[tuple(ids[end - k + 1: end + 1])] = end
+            self._last[tuple(ids[end - k + 1 : end + 1])] = end
         self._indexed = max(self._indexed, n - 1)
         if n < k or length <= 0:
             return Continuation([], 0)
-        p = self._last.get(tuple(ids[n - k:]))
+        p = self._last.get(tuple(ids[n - k :]))
         if p is None:
             return Continuation([], 0)
         period = n - 1 - p  # the text after p repeats from index p + 1 with this period

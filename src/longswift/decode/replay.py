@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from ..model.cache import KVCache
-from .drafting import Draft, keyed_on_root
 from ..errors import ConfigError
+from ..model.cache import KVCache
 from ..model.transformer import QueryLog
+from .drafting import Draft, keyed_on_root
 
 
 class ReplayDrafter:

@@ -71,8 +71,9 @@ def _eta(logits: Tensor, epsilon: float) -> Tensor:
 class TokenChooser:
     """Picks one token per call from a row of logits, given that row's penalty window."""
 
-    def __init__(self, cfg: SamplingConfig, generator: torch.Generator | None = None,
-                 record_margins: bool = False) -> None:
+    def __init__(
+        self, cfg: SamplingConfig, generator: torch.Generator | None = None, record_margins: bool = False
+    ) -> None:
         if not cfg.greedy and generator is None:
             raise ValueError("sampling needs an explicit torch.Generator")
         self.cfg = cfg
@@ -144,5 +145,7 @@ class TokenChooser:
 
 def _non_finite(context: Tensor | None) -> NumericalError:
     where = f" for the token at position {context.shape[0]}" if context is not None else ""
-    return NumericalError(f"the model produced NaN or infinite logits{where}; the text before it is kept. "
-                          "This is usually a numeric overflow: try --dtype fp32 (or bf16 instead of fp16)")
+    return NumericalError(
+        f"the model produced NaN or infinite logits{where}; the text before it is kept. "
+        "This is usually a numeric overflow: try --dtype fp32 (or bf16 instead of fp16)"
+    )

@@ -20,13 +20,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..config import SpeculationConfig
 from ..model.cache import KVCache
 from ..model.compiled import node_bucket
-from ..config import SpeculationConfig
-from .controller import STEP_KINDS, Controller, StepGate, head_source, lookup_source, ngram_source
-from .loop import Context, EagerForward, Forward, Timer, forward_counts, forward_stats, prefill, reuse, warm_up
-from .drafting import Draft, Drafter
 from ..model.transformer import QueryLog, Transformer
+from .controller import STEP_KINDS, Controller, StepGate, head_source, lookup_source, ngram_source
+from .drafting import Draft, Drafter
+from .loop import Context, EagerForward, Forward, Timer, forward_counts, forward_stats, prefill, reuse, warm_up
 from .ngram import HistoryLookup, NGramTable
 from .sampling import TokenChooser
 from .tree import Trie
@@ -59,8 +59,16 @@ class TokenSwiftDecoder:
 
     mode = "tokenswift"
 
-    def __init__(self, model: Transformer, chooser: TokenChooser, drafter: Drafter, spec: SpeculationConfig,
-                 capacity: int, forward: Forward | None = None, cache: KVCache | None = None) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        chooser: TokenChooser,
+        drafter: Drafter,
+        spec: SpeculationConfig,
+        capacity: int,
+        forward: Forward | None = None,
+        cache: KVCache | None = None,
+    ) -> None:
         self.model, self.chooser, self.drafter, self.spec = model, chooser, drafter, spec
         self.forward: Forward = forward or EagerForward(model)  # verification forwards (eager or static compiled)
         self._forward_base = forward_counts(self.forward)
@@ -94,8 +102,14 @@ class TokenSwiftDecoder:
         self.ngrams.add(prompt_ids)
         self.drafter.start(self.cache, self.log)
         t1 = self.timer.add("prefill", t0, sync=True)
-        warm_up(self.forward, self.cache, self.spec.max_nodes(), self.timer, t1,
-                log_row=0 if self.drafter.needs_queries else None)
+        warm_up(
+            self.forward,
+            self.cache,
+            self.spec.max_nodes(),
+            self.timer,
+            t1,
+            log_row=0 if self.drafter.needs_queries else None,
+        )
 
     @torch.inference_mode()
     def step(self) -> list[int]:
@@ -133,8 +147,9 @@ class TokenSwiftDecoder:
     def _candidates(self, draft: Draft) -> Trie:
         """Every candidate of this step, each node labelled with the sources that proposed it."""
         trie = Trie.rooted(self.context.last)
-        trie.add_levels(draft.tokens, [[head_source(d + 1, r, p) for r, p in enumerate(row)]
-                                       for d, row in enumerate(draft.probs)])
+        trie.add_levels(
+            draft.tokens, [[head_source(d + 1, r, p) for r, p in enumerate(row)] for d, row in enumerate(draft.probs)]
+        )
         key = self.drafter.ngram_key(self.context.last, draft)
         if key is not None and self.spec.ngram_topk:
             for rank, gram in enumerate(self.ngrams.top_k(key, self.spec.ngram_topk)):
@@ -155,7 +170,7 @@ class TokenSwiftDecoder:
             if root + depth >= len(decided):
                 return
             self._learning.popleft()
-            self.controller.learn(trie, decided[root + 1: root + 1 + depth])
+            self.controller.learn(trie, decided[root + 1 : root + 1 + depth])
 
     def _time_forward(self, n: int) -> float:
         """Seconds of verifying n nodes (a causal block) at the current context: the forward and the node logits
@@ -177,8 +192,9 @@ class TokenSwiftDecoder:
         # Only the paper's drafter reads the root's queries (to select its partial cache at the next reselection).
         self.log = QueryLog(row=0) if self.drafter.needs_queries else None
         if len(trie) == 1:  # the root alone is a plain AR step: same inputs, no mask, no host-to-device copies
-            return self.forward(self.context.ids()[root:][None], self._positions[root: root + 1], self.cache,
-                                log=self.log)[0]
+            return self.forward(
+                self.context.ids()[root:][None], self._positions[root : root + 1], self.cache, log=self.log
+            )[0]
         tokens = torch.tensor([trie.tokens], device=device)
         positions = trie.positions(root, device)
         return self.forward(tokens, positions, self.cache, trie.mask(device), log=self.log)[0]
@@ -205,29 +221,35 @@ class TokenSwiftDecoder:
     def stats(self) -> dict[str, Any]:
         steps = max(self.steps, 1)
         t = self.timer.totals
-        return {"steps": self.steps,
-                "mean_accepted": sum(k * v for k, v in self.per_step.items()) / steps,
-                # The paper's α with γ+1 = the deepest candidate (head tree or n-gram chain), so α <= 1.
-                "acceptance_rate": self.accepted / (self.spec.max_depth() * steps),
-                "ngram_share": self.accepted_ngram / self.accepted if self.accepted else 0.0,
-                "tokens_per_step": {str(k): v for k, v in sorted(self.per_step.items())},
-                "draft_s": t.get("draft", 0.0), "verify_s": t.get("verify", 0.0),
-                "bookkeeping_s": t.get("bookkeeping", 0.0),
-                **self.drafter.stats(),
-                **self._controller_stats()}
+        return {
+            "steps": self.steps,
+            "mean_accepted": sum(k * v for k, v in self.per_step.items()) / steps,
+            # The paper's α with γ+1 = the deepest candidate (head tree or n-gram chain), so α <= 1.
+            "acceptance_rate": self.accepted / (self.spec.max_depth() * steps),
+            "ngram_share": self.accepted_ngram / self.accepted if self.accepted else 0.0,
+            "tokens_per_step": {str(k): v for k, v in sorted(self.per_step.items())},
+            "draft_s": t.get("draft", 0.0),
+            "verify_s": t.get("verify", 0.0),
+            "bookkeeping_s": t.get("bookkeeping", 0.0),
+            **self.drafter.stats(),
+            **self._controller_stats(),
+        }
 
     def _controller_stats(self) -> dict[str, Any]:
         """What the controller did: node counts verified, root-only steps, predicted vs measured step cost."""
         steps = max(self.steps, 1)
-        return {"draft": self.spec.draft, "candidates": self.spec.candidates,
-                "verified_nodes": {str(k): v for k, v in sorted(self.verified.items())},
-                "mean_verified_nodes": sum(k * v for k, v in self.verified.items()) / steps,
-                "root_only_share": self.verified.get(1, 0) / steps,
-                "drafted_share": self.gate.shares()["draft"],
-                "step_kinds": self.gate.shares(),
-                "predicted_step_ms": 1000 * self.predicted_s / steps if self.controller.adaptive else None,
-                "measured_step_ms": 1000 * self.measured_s / steps,
-                "calibrations": self.controller.calibrations,
-                "calibrate_s": self.timer.totals.get("calibrate", 0.0),
-                "hindsight_acceptance": self.controller.acceptance_summary(),
-                **forward_stats(self.forward, self._forward_base)}
+        return {
+            "draft": self.spec.draft,
+            "candidates": self.spec.candidates,
+            "verified_nodes": {str(k): v for k, v in sorted(self.verified.items())},
+            "mean_verified_nodes": sum(k * v for k, v in self.verified.items()) / steps,
+            "root_only_share": self.verified.get(1, 0) / steps,
+            "drafted_share": self.gate.shares()["draft"],
+            "step_kinds": self.gate.shares(),
+            "predicted_step_ms": 1000 * self.predicted_s / steps if self.controller.adaptive else None,
+            "measured_step_ms": 1000 * self.measured_s / steps,
+            "calibrations": self.controller.calibrations,
+            "calibrate_s": self.timer.totals.get("calibrate", 0.0),
+            "hindsight_acceptance": self.controller.acceptance_summary(),
+            **forward_stats(self.forward, self._forward_base),
+        }

@@ -64,17 +64,17 @@ class Transcript:
 
     def flush(self) -> Piece:
         """Like `take`, but also release held-back text; call once at the end."""
-        rest = self._decode(self.ids[self._prefix:])[len(self._decode(self.ids[self._prefix:self._read])):]
+        rest = self._decode(self.ids[self._prefix :])[len(self._decode(self.ids[self._prefix : self._read])) :]
         self._read = len(self.ids)
         self._emit(rest)
         return self.take()
 
     def _decode_new(self) -> str:
-        prefix_text = self._decode(self.ids[self._prefix:self._read])
-        full = self._decode(self.ids[self._prefix:])
+        prefix_text = self._decode(self.ids[self._prefix : self._read])
+        full = self._decode(self.ids[self._prefix :])
         if len(full) <= len(prefix_text) or full.endswith("\ufffd"):
             return ""  # an incomplete character or a merge still pending: wait for more ids
-        added = full[len(prefix_text):]
+        added = full[len(prefix_text) :]
         self._prefix, self._read = self._read, len(self.ids)
         self._emit(added)
         return added
@@ -85,7 +85,7 @@ class Transcript:
 
     def _hit_stop_string(self, added: int) -> bool:
         longest = max((len(s) for s in self.stop.stop_strings), default=0)
-        tail = self.text[-(longest + added - 1):] if longest else ""
+        tail = self.text[-(longest + added - 1) :] if longest else ""
         return any(s in tail for s in self.stop.stop_strings)
 
     def _decode(self, ids: list[int]) -> str:

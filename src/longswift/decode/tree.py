@@ -55,23 +55,26 @@ class Trie:
             self.sources[found].append(source)
         return found
 
-    def add_chain(self, tokens: Sequence[int], from_tree: bool = False,
-                  sources: Sequence[Hashable] | None = None) -> None:
+    def add_chain(
+        self, tokens: Sequence[int], from_tree: bool = False, sources: Sequence[Hashable] | None = None
+    ) -> None:
         """Merge a candidate continuation of the root; `sources[i]` labels the node of tokens[i]."""
         node = 0
         for i, t in enumerate(tokens):
             node = self.child(node, int(t), from_tree, sources[i] if sources is not None else None)
 
-    def add_levels(self, levels: Sequence[Sequence[int]],
-                   sources: Sequence[Sequence[Hashable]] | None = None) -> None:
+    def add_levels(self, levels: Sequence[Sequence[int]], sources: Sequence[Sequence[Hashable]] | None = None) -> None:
         """Cartesian tree: every node at depth d gets children levels[d] (the heads' top tokens for depth d+1).
 
         `sources[d][i]`, if given, labels every node that carries levels[d][i].
         """
         frontier = [0]
         for d, candidates in enumerate(levels):
-            frontier = [self.child(node, int(t), True, sources[d][i] if sources is not None else None)
-                        for node in frontier for i, t in enumerate(candidates)]
+            frontier = [
+                self.child(node, int(t), True, sources[d][i] if sources is not None else None)
+                for node in frontier
+                for i, t in enumerate(candidates)
+            ]
 
     def subtrie(self, nodes: Sequence[int]) -> Trie:
         """The trie of the root and `nodes` (each node's parent must be the root or in `nodes`), in trie order."""

@@ -58,8 +58,13 @@ class BatchOptions:
 
     def for_item(self, item: BatchItem, resume: JobState | None) -> GenerationRequest:
         seed = item.seed if item.seed is not None else self.request.seed
-        return replace(self.request, prompt=item.prompt, max_new_tokens=item.max_new_tokens or self.request.max_new_tokens,
-                       seed=seed, resume=resume)
+        return replace(
+            self.request,
+            prompt=item.prompt,
+            max_new_tokens=item.max_new_tokens or self.request.max_new_tokens,
+            seed=seed,
+            resume=resume,
+        )
 
 
 def read_prompts(path: Path) -> list[BatchItem]:
@@ -141,23 +146,39 @@ class BatchRunner:
         text = self.out_dir / f"{item.stem}.txt"
         sink = TextSink.open_file(text, resume.text if resume else None) if self.writes else TextSink(io.StringIO())
         try:
-            finished = run_job(stream, sink, ckpt if self.writes else None, self.options.checkpoint_every,
-                               self.interrupted, lambda n: None)
+            finished = run_job(
+                stream,
+                sink,
+                ckpt if self.writes else None,
+                self.options.checkpoint_every,
+                self.interrupted,
+                lambda n: None,
+            )
         finally:
             sink.close()
         if not finished:
             return False
         result = stream.result
-        self._finish(item, {"output": text.name, "tokens": len(result.token_ids),
-                            "finish_reason": result.finish_reason, "stats": result.stats})
+        self._finish(
+            item,
+            {
+                "output": text.name,
+                "tokens": len(result.token_ids),
+                "finish_reason": result.finish_reason,
+                "stats": result.stats,
+            },
+        )
         return True
 
     def _finish(self, item: BatchItem, fields: dict[str, Any]) -> None:
         line = {"id": item.id, "line": item.line, **fields}
         if self.writes:
             atomic_write(self._result_path(item), json.dumps(line).encode("utf-8"))
-            what = f"error: {fields['error']}" if "error" in fields else \
-                f"{fields['tokens']} tokens, {fields['finish_reason']}"
+            what = (
+                f"error: {fields['error']}"
+                if "error" in fields
+                else f"{fields['tokens']} tokens, {fields['finish_reason']}"
+            )
             self.report(f"[longswift] {item.id}: {what}")
 
     def _result_path(self, item: BatchItem) -> Path:

@@ -34,8 +34,13 @@ class MemoryPlan:
         return self.weights + self.kv_cache + self.partial_cache + self.verification
 
     def describe(self) -> str:
-        rows = [("weights", self.weights), ("full KV cache", self.kv_cache), ("partial KV cache", self.partial_cache),
-                ("verification buffers", self.verification), ("total", self.total)]
+        rows = [
+            ("weights", self.weights),
+            ("full KV cache", self.kv_cache),
+            ("partial KV cache", self.partial_cache),
+            ("verification buffers", self.verification),
+            ("total", self.total),
+        ]
         per_rank = f" per rank of --tp {self.tp}" if self.tp > 1 else ""
         lines = [f"memory plan on {self.device}{per_rank}:"] + [f"  {name:<22}{_gib(size)}" for name, size in rows]
         lines.append(f"  {'available':<22}{_gib(self.available) if self.available is not None else 'unknown'}")
@@ -44,13 +49,22 @@ class MemoryPlan:
     def check(self) -> None:
         """Raise `ConfigError` with the numbers if the job cannot fit."""
         if self.available is not None and self.total > self.available:
-            raise ConfigError(f"this job needs about {_gib(self.total).strip()} on {self.device} (weights "
-                              f"{_gib(self.weights).strip()}, KV cache {_gib(self.kv_cache).strip()}) but only "
-                              f"{_gib(self.available).strip()} is available; lower --max-new-tokens or use bf16")
+            raise ConfigError(
+                f"this job needs about {_gib(self.total).strip()} on {self.device} (weights "
+                f"{_gib(self.weights).strip()}, KV cache {_gib(self.kv_cache).strip()}) but only "
+                f"{_gib(self.available).strip()} is available; lower --max-new-tokens or use bf16"
+            )
 
 
-def plan_memory(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, prompt_len: int, max_new_tokens: int,
-                spec: SpeculationConfig | None, tp: int = 1) -> MemoryPlan:
+def plan_memory(
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    prompt_len: int,
+    max_new_tokens: int,
+    spec: SpeculationConfig | None,
+    tp: int = 1,
+) -> MemoryPlan:
     """Estimate for a job of `prompt_len` + `max_new_tokens`; `spec` None means plain AR decoding.
 
     `tp` > 1: what one rank of a tensor-parallel group needs (parallel/tensor.py: 1/tp of the heads, KV heads, MLP
@@ -61,8 +75,15 @@ def plan_memory(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, prom
     nodes = spec.max_nodes() if spec else 1
     context = prompt_len + max_new_tokens + nodes
     partial = per_row * (spec.kv_budget + spec.max_depth() + 2) if spec else 0
-    return MemoryPlan(str(device), tp, _weights(cfg, tp) * size, per_row * context, partial,
-                      _verification(cfg, nodes, context, tp), _available(device))
+    return MemoryPlan(
+        str(device),
+        tp,
+        _weights(cfg, tp) * size,
+        per_row * context,
+        partial,
+        _verification(cfg, nodes, context, tp),
+        _available(device),
+    )
 
 
 def _weights(cfg: ModelConfig, tp: int = 1) -> int:
@@ -80,8 +101,15 @@ def _verification(cfg: ModelConfig, nodes: int, context: int, tp: int = 1) -> in
     return scores + mask + activations + 8 * cfg.vocab_size * 4
 
 
-def fits_table(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, prompt_len: int, max_new_tokens: int,
-               spec: SpeculationConfig | None, sizes: list[int]) -> str:
+def fits_table(
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    prompt_len: int,
+    max_new_tokens: int,
+    spec: SpeculationConfig | None,
+    sizes: list[int],
+) -> str:
     """One line per tensor-parallel size: the per-rank total and whether it fits this device's free memory."""
     lines = ["per-rank totals by --tp (each rank on its own device like this one):"]
     fitting = []

@@ -65,26 +65,30 @@ class JobState:
         """Refuse to resume with another model, heads, prompt, mode or configuration (names the difference)."""
         for name in ("mode", "model_fingerprint", "heads_fingerprint"):
             if getattr(self, name) != getattr(other, name):
-                raise ResumeError(f"checkpoint was made with another {name.split('_')[0]} "
-                                  f"({getattr(self, name)} != {getattr(other, name)})")
+                raise ResumeError(
+                    f"checkpoint was made with another {name.split('_')[0]} "
+                    f"({getattr(self, name)} != {getattr(other, name)})"
+                )
         if self.prompt_ids != other.prompt_ids:
             raise ResumeError("checkpoint was made with another prompt")
         saved_tp, this_tp = self.config.get("tp", 1), other.config.get("tp", 1)
         if saved_tp != this_tp:  # another split rounds differently, so the continuation would not be the same run
-            raise ResumeError(f"checkpoint was written at tensor-parallel size {saved_tp} but this run has --tp "
-                              f"{this_tp}; resume it with --tp {saved_tp}")
+            raise ResumeError(
+                f"checkpoint was written at tensor-parallel size {saved_tp} but this run has --tp "
+                f"{this_tp}; resume it with --tp {saved_tp}"
+            )
         # Speculation settings only choose which candidates are verified, never the tokens, so a job may resume
         # with others (e.g. after a change of device defaults).
         for key in sorted((set(self.config) | set(other.config)) - {"speculation", "tp"}):
             if self.config.get(key) != other.config.get(key):
-                raise ResumeError(f"checkpoint was made with {key}={self.config.get(key)!r}, "
-                                  f"this run has {key}={other.config.get(key)!r}")
+                raise ResumeError(
+                    f"checkpoint was made with {key}={self.config.get(key)!r}, "
+                    f"this run has {key}={other.config.get(key)!r}"
+                )
 
 
 def _digest(payload: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8")).hexdigest()
-
-
 
 
 class TextSink:
@@ -130,8 +134,14 @@ class TextSink:
             self._stream.close()
 
 
-def run_job(stream: Any, sink: TextSink, checkpoint: Path | None, every: int,
-            interrupted: Callable[[], bool], on_piece: Callable[[int], None]) -> bool:
+def run_job(
+    stream: Any,
+    sink: TextSink,
+    checkpoint: Path | None,
+    every: int,
+    interrupted: Callable[[], bool],
+    on_piece: Callable[[int], None],
+) -> bool:
     """Write `stream`'s pieces to `sink`, checkpointing every `every` tokens; -> False if interrupted.
 
     Interruption is only acted on between pieces (step boundaries), where the snapshot is consistent; the

@@ -7,8 +7,36 @@ Nothing here knows about decoding, jobs or front ends. The transformer's names a
 `longswift.model` was that module before the package existed.
 """
 
-from .transformer import (CASCADE_MIN_WORK, MLP, Attention, Backbone, Cache, DecoderLayer, QueryLog, RMSNorm,
-                          Transformer, Visibility, attend, attention_bias, cascade_attention, merge_attention)
+from .transformer import (
+    CASCADE_MIN_WORK,
+    MLP,
+    Attention,
+    Backbone,
+    Cache,
+    DecoderLayer,
+    QueryLog,
+    RMSNorm,
+    Transformer,
+    Visibility,
+    attend,
+    attention_bias,
+    cascade_attention,
+    merge_attention,
+)
 
-__all__ = ["CASCADE_MIN_WORK", "MLP", "Attention", "Backbone", "Cache", "DecoderLayer", "QueryLog", "RMSNorm",
-           "Transformer", "Visibility", "attend", "attention_bias", "cascade_attention", "merge_attention"]
+__all__ = [
+    "CASCADE_MIN_WORK",
+    "MLP",
+    "Attention",
+    "Backbone",
+    "Cache",
+    "DecoderLayer",
+    "QueryLog",
+    "RMSNorm",
+    "Transformer",
+    "Visibility",
+    "attend",
+    "attention_bias",
+    "cascade_attention",
+    "merge_attention",
+]

@@ -22,8 +22,15 @@ class KVCache:
 
     rows_are_positions = True  # committed row i holds the token at position i (used for sliding windows)
 
-    def __init__(self, cfg: ModelConfig, capacity: int, *, batch: int = 1,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        capacity: int,
+        *,
+        batch: int = 1,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         shape = (cfg.num_layers, batch, cfg.num_kv_heads, capacity, cfg.head_dim)
         self._k = torch.zeros(shape, device=device, dtype=dtype)
         self._v = torch.zeros(shape, device=device, dtype=dtype)

@@ -19,8 +19,14 @@ from ..config import ModelConfig
 from ..errors import CheckpointError
 from .transformer import Transformer
 
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-          "fp16": torch.float16, "float16": torch.float16}
+DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
 
 
 @dataclass(frozen=True)
@@ -64,8 +70,11 @@ class Checkpoint:
         from safetensors import safe_open
 
         cfg = self.config
-        h = hashlib.sha256(repr((cfg.architecture, cfg.vocab_size, cfg.hidden_size, cfg.num_layers,
-                                 cfg.num_heads, cfg.num_kv_heads)).encode())
+        h = hashlib.sha256(
+            repr(
+                (cfg.architecture, cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads)
+            ).encode()
+        )
         name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
         for file in self.weight_files:
             with safe_open(str(file), framework="pt") as f:
@@ -84,8 +93,9 @@ class Checkpoint:
         except Exception as exc:  # transformers raises many types (OSError, ValueError, ...) for a bad directory
             raise CheckpointError(f"cannot load the tokenizer from {self.path}: {_first_line(exc)}") from None
 
-    def read_tensors(self, select: Callable[[str], bool], device: torch.device | str = "cpu",
-                     dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    def read_tensors(
+        self, select: Callable[[str], bool], device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+    ) -> dict[str, torch.Tensor]:
         """The stored tensors whose names `select` accepts, converted to `dtype` (None: as stored)."""
         from safetensors import SafetensorError, safe_open
 
@@ -200,8 +210,9 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def assign_weights(model: Transformer, state: dict[str, torch.Tensor], source: Path,
-                   device: torch.device | str) -> Transformer:
+def assign_weights(
+    model: Transformer, state: dict[str, torch.Tensor], source: Path, device: torch.device | str
+) -> Transformer:
     """Give a model built on the meta device exactly the tensors of `state` (no copy), tie the LM head when the
     config says so, and set up RoPE on `device`. A missing or unexpected name is a CheckpointError naming `source`
     (whole checkpoints and tensor-parallel shards alike)."""

@@ -36,10 +36,10 @@ from torch import Tensor
 from torch.fx.experimental import _config as fx_config
 
 from ..config import COMPILE_CHOICES
-from .cache import KVCache
 from ..errors import ConfigError
-from .transformer import Cache, QueryLog, Transformer, Visibility
+from .cache import KVCache
 from .partial_cache import PartialCache
+from .transformer import Cache, QueryLog, Transformer, Visibility
 
 NODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # verification blocks are padded up to one of these node counts
 KEY_GRANULE = 256  # attended rows are a multiple of this, and of 1/8 of their power of two above 2K rows
@@ -79,8 +79,12 @@ class Slots:
         # index_put_ on the whole storage, not on a per-layer view: Inductor turns a view's mutation into a copy
         # of the entire buffer (measured: 1.6 ms per call for a 64K-row cache), the base's into a scatter.
         b, h, _, _ = k.shape
-        where = (torch.full_like(self.rows, layer), torch.arange(b, device=k.device)[:, None, None],
-                 torch.arange(h, device=k.device)[None, :, None], self.rows[None, None, :])
+        where = (
+            torch.full_like(self.rows, layer),
+            torch.arange(b, device=k.device)[:, None, None],
+            torch.arange(h, device=k.device)[None, :, None],
+            self.rows[None, None, :],
+        )
         self.k.index_put_(where, k)
         self.v.index_put_(where, v)
         return self.k[layer, :, :, : self.keys], self.v[layer, :, :, : self.keys]
@@ -104,8 +108,17 @@ def static_bias(rows: Tensor, tree: Tensor, keys: Tensor, group: int, dtype: tor
     return bias.repeat(group, 1) if group > 1 else bias
 
 
-def static_forward(model: Transformer, tokens: Tensor, positions: Tensor, rows: Tensor, tree: Tensor,
-                   k: Tensor, v: Tensor, keys: Tensor, log: QueryLog | None = None) -> Tensor:
+def static_forward(
+    model: Transformer,
+    tokens: Tensor,
+    positions: Tensor,
+    rows: Tensor,
+    tree: Tensor,
+    k: Tensor,
+    v: Tensor,
+    keys: Tensor,
+    log: QueryLog | None = None,
+) -> Tensor:
     """The forward of `tokens` (1, T) at `positions` (T,), written at cache `rows` (T,), attending to the first
     keys.shape[0] rows of the cache storage k/v -> pre-norm hidden (1, T, H). Pure tensor code: this is what
     gets compiled. `log` (the paper's drafter reads the root's queries) is filled as by the eager forward."""
@@ -167,8 +180,9 @@ class StaticForward:
             config = torch._dynamo.config
             limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
             setattr(config, limit, max(getattr(config, limit), 64))
-            self.graph = torch.compile(static_forward, dynamic=True, fullgraph=True,
-                                       mode="reduce-overhead" if self.cuda_graphs else None)
+            self.graph = torch.compile(
+                static_forward, dynamic=True, fullgraph=True, mode="reduce-overhead" if self.cuda_graphs else None
+            )
         self.compile_s = 0.0
         self.compiles = 0  # graphs compiled by this instance's warm-ups
         self.recompiles = 0  # graphs compiled after warm-up: should stay 0 (tests check it)
@@ -178,15 +192,22 @@ class StaticForward:
         self._trees: dict[int, Tensor] = {}
         self._static_ids: set[int] = set()
 
-    def __call__(self, tokens: Tensor, positions: Tensor, cache: Cache, tree_mask: Tensor | None = None,
-                 log: QueryLog | None = None) -> Tensor:
+    def __call__(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: Cache,
+        tree_mask: Tensor | None = None,
+        log: QueryLog | None = None,
+    ) -> Tensor:
         # Always in inference mode: Dynamo guards on the grad mode and on whether inputs are inference tensors, so
         # every call must look the same whatever its caller's mode.
         with torch.inference_mode():
             return self._call(tokens, positions, cache, tree_mask, log)
 
-    def _call(self, tokens: Tensor, positions: Tensor, cache: Cache, tree_mask: Tensor | None,
-              log: QueryLog | None) -> Tensor:
+    def _call(
+        self, tokens: Tensor, positions: Tensor, cache: Cache, tree_mask: Tensor | None, log: QueryLog | None
+    ) -> Tensor:
         t = tokens.shape[1]
         plan = self._plan(t, cache, log)
         if plan is None:
@@ -211,8 +232,16 @@ class StaticForward:
         # Without duck sizing, sizes that happen to be equal at compile time (a buffer's capacity and the cache's)
         # are not assumed equal forever, which would recompile when they differ.
         with fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]  # made by torch at import
-            hidden = self.graph(self.model, tokens, positions, rows[start: start + padded],
-                                self._tree(padded, t, tree_mask, tokens.device), *cache.storage(), rows[:keys], log)
+            hidden = self.graph(
+                self.model,
+                tokens,
+                positions,
+                rows[start : start + padded],
+                self._tree(padded, t, tree_mask, tokens.device),
+                *cache.storage(),
+                rows[:keys],
+                log,
+            )
         if self.compiled:
             self.recompiles += compile_count() - before
         cache.advance(t)
@@ -247,8 +276,9 @@ class StaticForward:
             except Exception as exc:  # Inductor's failures are long multi-line reports; the user gets one line
                 cache.rollback()
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise ConfigError(f"compiling the decoding step failed ({type(exc).__name__}: {first[:200]}); "
-                                  "run with --compile off") from exc
+                raise ConfigError(
+                    f"compiling the decoding step failed ({type(exc).__name__}: {first[:200]}); run with --compile off"
+                ) from exc
             self.recompiles = recompiles  # compiling here is the point of warming up
             cache.rollback()
             self._warm.add((n > 1, log_row))
@@ -297,6 +327,11 @@ class StaticForward:
         return tree
 
     def stats(self) -> dict[str, Any]:
-        return {"compiled": self.compiled, "compile_s": round(self.compile_s, 3), "compiles": self.compiles,
-                "recompiles": self.recompiles, "static_forwards": self.calls["static"],
-                "eager_forwards": self.calls["eager"]}
+        return {
+            "compiled": self.compiled,
+            "compile_s": round(self.compile_s, 3),
+            "compiles": self.compiles,
+            "recompiles": self.recompiles,
+            "static_forwards": self.calls["static"],
+            "eager_forwards": self.calls["eager"],
+        }

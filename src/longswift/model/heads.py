@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import cast
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -108,13 +108,16 @@ class DraftHeads(nn.Module):
         atomic_write(out, save(tensors, metadata={"longswift": json.dumps(asdict(self.meta))}))
 
     @classmethod
-    def load(cls, path: str | Path, fingerprint: str, device: torch.device | str = "cpu",
-             dtype: torch.dtype = torch.float32) -> DraftHeads:
+    def load(
+        cls, path: str | Path, fingerprint: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    ) -> DraftHeads:
         """Load heads saved by `save`; refuse them if they were trained for another base model."""
         meta, state = _read(Path(path))
         if meta.fingerprint != fingerprint:
-            raise HeadsError(f"heads {path} were trained for another model (fingerprint {meta.fingerprint}, "
-                             f"this model is {fingerprint})")
+            raise HeadsError(
+                f"heads {path} were trained for another model (fingerprint {meta.fingerprint}, "
+                f"this model is {fingerprint})"
+            )
         heads = cls(meta)
         try:
             heads.load_state_dict(state)

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .cache import KVCache
 from ..config import ModelConfig
+from .cache import KVCache
 from .transformer import QueryLog
 
 
@@ -29,8 +29,17 @@ class PartialCache:
 
     rows_are_positions = False  # slots hold arbitrary positions, so no position-based masking
 
-    def __init__(self, cfg: ModelConfig, budget: int, sinks: int, *, max_new: int = 64, slack: int = 0,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        budget: int,
+        sinks: int,
+        *,
+        max_new: int = 64,
+        slack: int = 0,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         """`slack`: spare rows past budget + max_new, for static-shape forwards that pad their block (compiled.py)."""
         if not 0 <= sinks < budget:
             raise ValueError(f"need 0 <= sinks < budget, got sinks={sinks}, budget={budget}")
@@ -71,8 +80,8 @@ class PartialCache:
         t = k.shape[2]
         if t > self.max_new:
             raise ValueError(f"draft forward of {t} tokens exceeds the partial cache's {self.max_new} spare rows")
-        self._k[layer, :, :, self.filled: self.filled + t] = k
-        self._v[layer, :, :, self.filled: self.filled + t] = v
+        self._k[layer, :, :, self.filled : self.filled + t] = k
+        self._v[layer, :, :, self.filled : self.filled + t] = v
         return self._k[layer, :, :, : self.filled + t], self._v[layer, :, :, : self.filled + t]
 
     def advance(self, n: int) -> None:
@@ -110,7 +119,7 @@ class PartialCache:
         """keys (Hkv, n, D), query (Hq, D) -> row indices (Hkv, budget): sinks, then top rows by descending score."""
         hkv, n, d = keys.shape
         q = query.reshape(hkv, -1, d).sum(1).to(keys.dtype)  # GQA: summed over the group's query heads
-        scores = (keys[:, self.sinks:] @ q[:, :, None])[..., 0].float()  # (Hkv, n - S)
+        scores = (keys[:, self.sinks :] @ q[:, :, None])[..., 0].float()  # (Hkv, n - S)
         top = scores.topk(self.budget - self.sinks, dim=1).indices + self.sinks  # sorted: most important first
         sinks = torch.arange(self.sinks, device=keys.device).expand(hkv, -1)
         return torch.cat([sinks, top], dim=1)

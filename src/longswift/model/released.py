@@ -29,13 +29,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError, HeadsError
 from .checkpoint import EMBEDDED_HEADS_PREFIX as PREFIX
 from .checkpoint import HEADS_FILE, Checkpoint
-from ..errors import ConfigError, HeadsError
 from .heads import DraftHeads, HeadsMeta
 
-RENAMES = {"input_layernorm.weight": "norm.weight", "linear.weight": "proj.weight",
-           "post_layernorm.weight": "out_norm.weight"}
+RENAMES = {
+    "input_layernorm.weight": "norm.weight",
+    "linear.weight": "proj.weight",
+    "post_layernorm.weight": "out_norm.weight",
+}
 BLOCKS_FILE = "model-draft-heads.safetensors"  # the shard `write_released` adds beside the base weights
 
 
@@ -49,8 +52,13 @@ class LoadedHeads:
     note: str | None = None  # set when a heads file overrides blocks embedded in the model directory
 
 
-def load_heads(checkpoint: Checkpoint, heads: str | Path | bool | None, model_fingerprint: str,
-               device: torch.device | str, dtype: torch.dtype) -> LoadedHeads | None:
+def load_heads(
+    checkpoint: Checkpoint,
+    heads: str | Path | bool | None,
+    model_fingerprint: str,
+    device: torch.device | str,
+    dtype: torch.dtype,
+) -> LoadedHeads | None:
     """heads: a heads file; True: the blocks embedded in the model directory, if any; None or False: none."""
     if heads is None or heads is False:
         return None
@@ -59,19 +67,22 @@ def load_heads(checkpoint: Checkpoint, heads: str | Path | bool | None, model_fi
     path = Path(heads)
     loaded = DraftHeads.load(path, model_fingerprint, device, dtype)
     blocks = embedded_block_count(checkpoint)
-    note = (f"using heads file {path}, not the {blocks} draft blocks embedded in {checkpoint.path}"
-            if blocks else None)
+    note = f"using heads file {path}, not the {blocks} draft blocks embedded in {checkpoint.path}" if blocks else None
     return LoadedHeads(loaded, hashlib.sha256(path.read_bytes()).hexdigest()[:16], str(path), note)
 
 
 def embedded_block_count(checkpoint: Checkpoint) -> int:
     """How many draft blocks the directory's weights hold (0: a plain model); reads tensor names only."""
-    indices = {name[len(PREFIX):].split(".")[0] for name in checkpoint.tensor_names() if name.startswith(PREFIX)}
+    indices = {name[len(PREFIX) :].split(".")[0] for name in checkpoint.tensor_names() if name.startswith(PREFIX)}
     return len(indices)
 
 
-def load_embedded(checkpoint: Checkpoint, model_fingerprint: str, device: torch.device | str = "cpu",
-                  dtype: torch.dtype = torch.float32) -> LoadedHeads | None:
+def load_embedded(
+    checkpoint: Checkpoint,
+    model_fingerprint: str,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> LoadedHeads | None:
     """The draft blocks stored in a released-format directory as `DraftHeads`, or None for a plain model."""
     stored = checkpoint.read_tensors(lambda name: name.startswith(PREFIX))
     gamma = _declared_gamma(checkpoint.raw_config)
@@ -80,8 +91,9 @@ def load_embedded(checkpoint: Checkpoint, model_fingerprint: str, device: torch.
     cfg = checkpoint.config
     state = _block_state(stored, gamma, cfg.hidden_size, checkpoint.path)
     with torch.device("meta"):
-        heads = DraftHeads(HeadsMeta(len(state) // len(RENAMES), cfg.hidden_size, cfg.vocab_size,
-                                     model_fingerprint, cfg.rms_norm_eps))
+        heads = DraftHeads(
+            HeadsMeta(len(state) // len(RENAMES), cfg.hidden_size, cfg.vocab_size, model_fingerprint, cfg.rms_norm_eps)
+        )
     heads.load_state_dict(state, assign=True)
     heads = heads.to(device=device, dtype=dtype).eval().requires_grad_(False)
     return LoadedHeads(heads, tensors_fingerprint(stored), "embedded")
@@ -110,19 +122,19 @@ def _block_state(stored: dict[str, Tensor], gamma: int | None, hidden: int, wher
     """Check the released tensors against config.json and the hidden size; rename them to `DraftHeads` names."""
     blocks: dict[int, dict[str, Tensor]] = {}
     for name, tensor in stored.items():
-        index, _, leaf = name[len(PREFIX):].partition(".")
+        index, _, leaf = name[len(PREFIX) :].partition(".")
         if leaf.endswith(".bias"):
             raise HeadsError(f"{name} in {where}: TokenSwift draft blocks have no bias terms")
         if not index.isdigit() or leaf not in RENAMES:
             raise HeadsError(f"unexpected tensor {name} in {where} (a draft block holds {', '.join(RENAMES)})")
         blocks.setdefault(int(index), {})[leaf] = tensor
     if gamma is None:
-        raise HeadsError(f"weights in {where} hold {len(blocks)} draft blocks ({PREFIX}*) but config.json has no "
-                         "medusa_heads")
+        raise HeadsError(
+            f"weights in {where} hold {len(blocks)} draft blocks ({PREFIX}*) but config.json has no medusa_heads"
+        )
     if sorted(blocks) != list(range(gamma)):
         held = ", ".join(map(str, sorted(blocks))) or "none"
-        raise HeadsError(f"config.json says medusa_heads={gamma} but the weights in {where} hold draft blocks "
-                         f"{held}")
+        raise HeadsError(f"config.json says medusa_heads={gamma} but the weights in {where} hold draft blocks {held}")
     state: dict[str, Tensor] = {}
     for i in range(gamma):
         for leaf, ours in RENAMES.items():
@@ -131,8 +143,9 @@ def _block_state(stored: dict[str, Tensor], gamma: int | None, hidden: int, wher
                 raise HeadsError(f"draft block {i} in {where} lacks {name}")
             want = (hidden, hidden) if leaf.startswith("linear") else (hidden,)
             if tuple(blocks[i][leaf].shape) != want:
-                raise HeadsError(f"{name} in {where} has shape {tuple(blocks[i][leaf].shape)}; hidden size "
-                                 f"{hidden} needs {want}")
+                raise HeadsError(
+                    f"{name} in {where} has shape {tuple(blocks[i][leaf].shape)}; hidden size {hidden} needs {want}"
+                )
             state[f"blocks.{i}.{ours}"] = blocks[i][leaf]
     return state
 
@@ -142,8 +155,9 @@ def export_heads(model_dir: str | Path, out: str | Path) -> HeadsMeta:
     checkpoint = Checkpoint.open(model_dir)
     loaded = load_embedded(checkpoint, checkpoint.fingerprint())
     if loaded is None:
-        raise HeadsError(f"{checkpoint.path} holds no draft blocks (no medusa_heads in config.json, no {PREFIX}* "
-                         "tensors)")
+        raise HeadsError(
+            f"{checkpoint.path} holds no draft blocks (no medusa_heads in config.json, no {PREFIX}* tensors)"
+        )
     loaded.heads.save(Path(out))
     return loaded.heads.meta
 
@@ -159,8 +173,10 @@ def write_released(model_dir: str | Path, heads_file: str | Path, out_dir: str |
         raise HeadsError(f"{checkpoint.path} already holds draft blocks; start from the base model directory")
     heads = DraftHeads.load(heads_file, checkpoint.fingerprint())
     if heads.meta.rms_norm_eps != checkpoint.config.rms_norm_eps:
-        raise HeadsError(f"heads {heads_file} use RMSNorm eps {heads.meta.rms_norm_eps}, the model "
-                         f"{checkpoint.config.rms_norm_eps}; the released format has one eps for both")
+        raise HeadsError(
+            f"heads {heads_file} use RMSNorm eps {heads.meta.rms_norm_eps}, the model "
+            f"{checkpoint.config.rms_norm_eps}; the released format has one eps for both"
+        )
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"{out} exists and is not an empty directory")

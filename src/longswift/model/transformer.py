@@ -152,8 +152,15 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: Cache, layer: int,
-                vis: Visibility, log: QueryLog | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor],
+        cache: Cache,
+        layer: int,
+        vis: Visibility,
+        log: QueryLog | None = None,
+    ) -> Tensor:
         """x (B, T, hidden) -> (B, T, hidden); this forward's keys/values go into `cache`."""
         b, t, _ = x.shape
         d = self.cfg.head_dim
@@ -189,8 +196,15 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: Cache, layer: int,
-                vis: Visibility, log: QueryLog | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor],
+        cache: Cache,
+        layer: int,
+        vis: Visibility,
+        log: QueryLog | None = None,
+    ) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, vis, log)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -233,8 +247,15 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def forward(self, tokens: Tensor, positions: Tensor, cache: Cache, tree_mask: Tensor | None = None,
-                log: QueryLog | None = None, vis: Visibility | None = None) -> Tensor:
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: Cache,
+        tree_mask: Tensor | None = None,
+        log: QueryLog | None = None,
+        vis: Visibility | None = None,
+    ) -> Tensor:
         """tokens (B, T), positions (T,) -> hidden (B, T, hidden) before the final norm.
 
         Cached rows are all visible (subject to a sliding window); among the T new tokens attention is causal,

@@ -35,7 +35,8 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         kind = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}.get(
-            self.status, "server_error" if self.status >= 500 else "invalid_request_error")
+            self.status, "server_error" if self.status >= 500 else "invalid_request_error"
+        )
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
 
@@ -142,30 +143,49 @@ def _refuse_unsupported(body: _Body) -> None:
     if body.n != 1:
         raise ApiError(400, f"n must be 1 (one generation per request), got {body.n}", param="n")
     if body.frequency_penalty or body.presence_penalty:
-        raise ApiError(400, "frequency_penalty and presence_penalty are not supported; use the extension field "
-                            "repetition_penalty (with penalty_window)", param="frequency_penalty")
+        raise ApiError(
+            400,
+            "frequency_penalty and presence_penalty are not supported; use the extension field "
+            "repetition_penalty (with penalty_window)",
+            param="frequency_penalty",
+        )
     if body.job_id is not None and not JOB_ID.fullmatch(body.job_id):
-        raise ApiError(400, "job_id must be 1-128 characters of letters, digits, '.', '_' or '-', starting with a "
-                            "letter or digit", param="job_id")
+        raise ApiError(
+            400,
+            "job_id must be 1-128 characters of letters, digits, '.', '_' or '-', starting with a letter or digit",
+            param="job_id",
+        )
 
 
-def _request(body: _Body, defaults: GenerationDefaults, prompt: str | list[int] | None,
-             messages: list[dict[str, str]] | None, max_tokens: int | None) -> ServeRequest:
+def _request(
+    body: _Body,
+    defaults: GenerationDefaults,
+    prompt: str | list[int] | None,
+    messages: list[dict[str, str]] | None,
+    max_tokens: int | None,
+) -> ServeRequest:
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if any(not s for s in stop):
         raise ApiError(400, "stop strings must not be empty", param="stop")
     generation = GenerationRequest(
-        prompt if prompt is not None else "", max_tokens or defaults.max_tokens, _sampling(body, defaults),
-        seed=body.seed, stop_strings=tuple(stop),
+        prompt if prompt is not None else "",
+        max_tokens or defaults.max_tokens,
+        _sampling(body, defaults),
+        seed=body.seed,
+        stop_strings=tuple(stop),
         ignore_eos=defaults.ignore_eos if body.ignore_eos is None else body.ignore_eos,
-        mode=body.mode or defaults.mode, speculation=defaults.speculation)
+        mode=body.mode or defaults.mode,
+        speculation=defaults.speculation,
+    )
     return ServeRequest(generation, messages, body.job_id, body.stream)
 
 
 def _sampling(body: _Body, defaults: GenerationDefaults) -> SamplingConfig:
     """The server's default sampling with the request's fields on top (a bad value raises ConfigError -> 400)."""
-    changes = {name: getattr(body, name) for name in ("temperature", "top_p", "top_k", "min_p", "eta",
-                                                      "repetition_penalty", "penalty_window")}
+    changes = {
+        name: getattr(body, name)
+        for name in ("temperature", "top_p", "top_k", "min_p", "eta", "repetition_penalty", "penalty_window")
+    }
     return dataclasses.replace(defaults.sampling, **{k: v for k, v in changes.items() if v is not None})
 
 
@@ -228,8 +248,12 @@ class Formatter:
     def chunk(self, text: str, finish_reason: str | None = None) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": text} if self._first else {"content": text}
-            choice: dict[str, Any] = {"index": 0, "delta": delta if text or self._first else {},
-                                      "logprobs": None, "finish_reason": finish_reason}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": delta if text or self._first else {},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         self._first = False
@@ -241,13 +265,23 @@ class Formatter:
 
     def response(self, text: str, finish_reason: str, usage: dict[str, int], stats: dict[str, Any]) -> dict[str, Any]:
         if self.chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                      "logprobs": None, "finish_reason": finish_reason}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [choice], "usage": usage,
-                "longswift": stats}
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage,
+            "longswift": stats,
+        }
 
 
 def sse(obj: dict[str, Any]) -> str:
@@ -259,5 +293,8 @@ def finish_reason(longswift_reason: str, trimmed: bool) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }

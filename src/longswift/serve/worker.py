@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from ..api import Engine, GenerationResult
+from ..decode.transcript import Piece
 from ..errors import LongswiftError, NumericalError, PromptError
 from ..jobs.state import JobState
-from ..decode.transcript import Piece
 from .config import ServeConfig
 from .protocol import ApiError, ServeRequest
 
@@ -87,8 +87,12 @@ class Worker:
             if self._stopping.is_set():
                 raise ApiError(503, "the server is shutting down")
             if self._admitted >= 1 + self.config.max_queue:
-                raise ApiError(429, f"server busy: one generation is running and {self._admitted - 1} requests are "
-                                    f"waiting (queue size {self.config.max_queue}); retry later", code="server_busy")
+                raise ApiError(
+                    429,
+                    f"server busy: one generation is running and {self._admitted - 1} requests are "
+                    f"waiting (queue size {self.config.max_queue}); retry later",
+                    code="server_busy",
+                )
             self._admitted += 1
         job = Job(request, loop)
         self._executor.submit(self._run, job)
@@ -96,8 +100,11 @@ class Worker:
 
     def status(self) -> dict[str, int]:
         with self._lock:
-            return {"running": self._running, "queued": self._admitted - self._running,
-                    "max_queue": self.config.max_queue}
+            return {
+                "running": self._running,
+                "queued": self._admitted - self._running,
+                "max_queue": self.config.max_queue,
+            }
 
     def stop(self) -> None:
         """Ask the running job to stop at its next step (checkpointing a `job_id` job); refuse new ones."""
@@ -134,8 +141,11 @@ class Worker:
         req = job.request
         path = self._job_path(req.job_id)
         resume = JobState.load(path) if path is not None and path.exists() else None
-        generation = req.generation if req.messages is None else replace(
-            req.generation, prompt=tuple(self._chat_prompt(req.messages)))
+        generation = (
+            req.generation
+            if req.messages is None
+            else replace(req.generation, prompt=tuple(self._chat_prompt(req.messages)))
+        )
         stream = self.engine.stream(replace(generation, resume=resume))
         job.send(Started(resume.text if resume is not None else ""))
         since = 0

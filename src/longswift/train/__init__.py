@@ -9,6 +9,20 @@ from .data import load_token_stream, read_texts, sample_windows, token_stream
 from .loop import TrainConfig, TrainReport, evaluate_heads, lr_at, make_optimizer, train_heads
 from .state import STATE_FORMAT, STATE_KEY, StepStats, load_state, save_state
 
-__all__ = ["STATE_FORMAT", "STATE_KEY", "StepStats", "TrainConfig", "TrainReport", "evaluate_heads", "load_state",
-           "load_token_stream", "lr_at", "make_optimizer", "read_texts", "sample_windows", "save_state",
-           "token_stream", "train_heads"]
+__all__ = [
+    "STATE_FORMAT",
+    "STATE_KEY",
+    "StepStats",
+    "TrainConfig",
+    "TrainReport",
+    "evaluate_heads",
+    "load_state",
+    "load_token_stream",
+    "lr_at",
+    "make_optimizer",
+    "read_texts",
+    "sample_windows",
+    "save_state",
+    "token_stream",
+    "train_heads",
+]

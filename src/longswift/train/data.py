@@ -42,7 +42,7 @@ def _jsonl_texts(path: Path) -> list[str]:
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise ConfigError(f"{path}:{number}: expected an object with a string \"text\" field")
+            raise ConfigError(f'{path}:{number}: expected an object with a string "text" field')
         texts.append(record["text"])
     return texts
 

@@ -27,14 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..errors import ConfigError
 from ..model.cache import NoCache
 from ..model.checkpoint import DTYPES, Checkpoint
-from ..errors import ConfigError
 from ..model.heads import DraftHeads
 from ..model.transformer import Transformer
 from .data import load_token_stream, sample_windows, stream_digest
 from .state import RunState, StepStats, load_state, save_state
-
 
 
 @dataclass(frozen=True)
@@ -213,8 +212,10 @@ def train_heads(cfg: TrainConfig, progress: Callable[[StepStats], None] | None =
     model = checkpoint.load_model(cfg.device, DTYPES[cfg.dtype])
     stream = load_token_stream(checkpoint, cfg.data)
     if len(stream) < cfg.window:
-        raise ConfigError(f"training data has {len(stream):,} tokens; one window needs seq-len {cfg.seq_len:,} "
-                          f"+ gamma {cfg.gamma} + 1 = {cfg.window:,}")
+        raise ConfigError(
+            f"training data has {len(stream):,} tokens; one window needs seq-len {cfg.seq_len:,} "
+            f"+ gamma {cfg.gamma} + 1 = {cfg.window:,}"
+        )
     fingerprint = checkpoint.fingerprint()
     heads = DraftHeads.for_model(model, cfg.gamma, fingerprint).train()
     optimizer = make_optimizer(heads, cfg)
@@ -238,8 +239,15 @@ def _check_model_fits(cfg: TrainConfig, checkpoint: Checkpoint) -> None:
         raise ConfigError(f"seq-len {cfg.seq_len:,} exceeds the model's {limit:,} positions")
 
 
-def _train_step(model: Transformer, heads: DraftHeads, optimizer: torch.optim.Optimizer, stream: Tensor,
-                generator: torch.Generator, run: RunState, cfg: TrainConfig) -> StepStats:
+def _train_step(
+    model: Transformer,
+    heads: DraftHeads,
+    optimizer: torch.optim.Optimizer,
+    stream: Tensor,
+    generator: torch.Generator,
+    run: RunState,
+    cfg: TrainConfig,
+) -> StepStats:
     """One optimizer step over `grad_accum` micro-batches; updates `run` and returns the step's statistics."""
     started = time.perf_counter()
     loss_sum, correct_sum = 0.0, torch.zeros(cfg.gamma)
@@ -254,8 +262,14 @@ def _train_step(model: Transformer, heads: DraftHeads, optimizer: torch.optim.Op
     elapsed = time.perf_counter() - started
     tokens = cfg.grad_accum * cfg.batch_size * cfg.seq_len
     run.step, run.tokens_seen, run.seconds = run.step + 1, run.tokens_seen + tokens, run.seconds + elapsed
-    stats = StepStats(run.step, cfg.steps, loss_sum / cfg.grad_accum, (correct_sum / cfg.grad_accum).tolist(), lr,
-                      tokens / max(elapsed, 1e-9))
+    stats = StepStats(
+        run.step,
+        cfg.steps,
+        loss_sum / cfg.grad_accum,
+        (correct_sum / cfg.grad_accum).tolist(),
+        lr,
+        tokens / max(elapsed, 1e-9),
+    )
     run.recent.append(stats)
     return stats
 
@@ -263,16 +277,24 @@ def _train_step(model: Transformer, heads: DraftHeads, optimizer: torch.optim.Op
 def _report(run: RunState, cfg: TrainConfig) -> TrainReport:
     recent = list(run.recent)
     accuracy = [sum(s.head_accuracy[i] for s in recent) / len(recent) for i in range(cfg.gamma)]
-    return TrainReport(run.step, sum(s.loss for s in recent) / len(recent), accuracy, run.tokens_seen,
-                       run.seconds, cfg.out, cfg.autocast)
+    return TrainReport(
+        run.step,
+        sum(s.loss for s in recent) / len(recent),
+        accuracy,
+        run.tokens_seen,
+        run.seconds,
+        cfg.out,
+        cfg.autocast,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- eval
 
 
 @torch.no_grad()
-def evaluate_heads(model: Transformer, heads: DraftHeads, token_ids: Tensor | Sequence[int], seq_len: int,
-                   windows: int) -> list[float]:
+def evaluate_heads(
+    model: Transformer, heads: DraftHeads, token_ids: Tensor | Sequence[int], seq_len: int, windows: int
+) -> list[float]:
     """Top-1 accuracy on held-out tokens: index 0 is the base head (token t+1), index i is head i (token t+1+i).
 
     Uses up to `windows` consecutive, non-overlapping windows of `seq_len` inputs from the start of `token_ids`

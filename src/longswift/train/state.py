@@ -47,24 +47,37 @@ class RunState:
     recent: deque[StepStats] = field(default_factory=lambda: deque(maxlen=REPORT_WINDOW))
 
 
-def save_state(path: Path, heads: DraftHeads, optimizer: torch.optim.Optimizer, generator: torch.Generator,
-               run: RunState, meta: dict[str, Any]) -> None:
+def save_state(
+    path: Path,
+    heads: DraftHeads,
+    optimizer: torch.optim.Optimizer,
+    generator: torch.Generator,
+    run: RunState,
+    meta: dict[str, Any],
+) -> None:
     """Write the resumable state atomically: a crash mid-write leaves the previous state intact."""
     from safetensors.torch import save_file
 
     tensors = {f"heads.{k}": v.detach().cpu().contiguous() for k, v in heads.state_dict().items()}
     for index, slots in optimizer.state_dict()["state"].items():
         tensors.update({f"optim.{index}.{k}": torch.as_tensor(v).cpu().contiguous() for k, v in slots.items()})
-    header = {**meta, "format": STATE_FORMAT, "step": run.step, "tokens_seen": run.tokens_seen,
-              "seconds": run.seconds, "recent": [asdict(s) for s in run.recent],
-              "generator": bytes(generator.get_state().tolist()).hex()}
+    header = {
+        **meta,
+        "format": STATE_FORMAT,
+        "step": run.step,
+        "tokens_seen": run.tokens_seen,
+        "seconds": run.seconds,
+        "recent": [asdict(s) for s in run.recent],
+        "generator": bytes(generator.get_state().tolist()).hex(),
+    }
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata={STATE_KEY: json.dumps(header)})
     os.replace(tmp, path)
 
 
-def load_state(path: Path, heads: DraftHeads, optimizer: torch.optim.Optimizer, generator: torch.Generator,
-               meta: dict[str, Any]) -> RunState:
+def load_state(
+    path: Path, heads: DraftHeads, optimizer: torch.optim.Optimizer, generator: torch.Generator, meta: dict[str, Any]
+) -> RunState:
     """Restore heads, optimizer and generator from `path`; refuse a state written by a different run."""
     header, tensors = _read_state(path)
     _check_same_run(path, header, meta["run"])
