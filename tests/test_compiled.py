@@ -248,8 +248,8 @@ def test_auto_without_a_compiler_says_so_and_runs_eagerly(monkeypatch, tmp_path,
     """Where `auto` would compile (a device where it was measured to pay) but nothing can compile: one note line."""
     import io
 
-    from longswift import compiled
     from longswift.cli.job import compiling
+    from longswift.model import compiled
 
     engine = fresh_engine(tiny_llama)
     monkeypatch.setitem(compiled.COMPILE_PAYS, "cpu", True)
