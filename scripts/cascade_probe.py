@@ -24,10 +24,10 @@ from collections.abc import Callable
 import torch
 
 import longswift
-from longswift.cache import KVCache
-from longswift.decoding import prefill
-from longswift.model import Transformer, attend
-from longswift.profile import filled_cache
+from longswift.bench.profile import filled_cache
+from longswift.decode.loop import prefill
+from longswift.model.cache import KVCache
+from longswift.model.transformer import Transformer, attend
 
 PATHS = {"dense": None, "cascade": 0, "default": longswift.model.CASCADE_MIN_WORK}
 
@@ -90,8 +90,9 @@ def forward_table(model: Transformer, rows: int, nodes: list[int], repeats: int)
             cache.rollback()
 
         ms = interleaved({name: lambda w=w: run(w) for name, w in PATHS.items()}, repeats)
-        print(f"{n:>5} {ms['dense']:9.2f} {ms['cascade']:11.2f} {ms['default']:11.2f} "
-              f"{ms['cascade'] / ms['dense']:8.3f}")
+        print(
+            f"{n:>5} {ms['dense']:9.2f} {ms['cascade']:11.2f} {ms['default']:11.2f} {ms['cascade'] / ms['dense']:8.3f}"
+        )
 
 
 def prefill_once(model: Transformer, n: int, path: str) -> None:
@@ -126,8 +127,9 @@ def main(argv: list[str]) -> None:
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     if args.what == "prefill":  # a fresh process per path, so that each peak is its own
         for path in ("dense", "default", "dense", "default"):
-            subprocess.run([sys.executable, __file__, "prefill-one", "--tokens", str(args.tokens), "--path", path],
-                           check=True)
+            subprocess.run(
+                [sys.executable, __file__, "prefill-one", "--tokens", str(args.tokens), "--path", path], check=True
+            )
         return
     torch.set_num_threads(1)
     model = longswift.load(device="cpu", dtype="fp32").model

@@ -37,8 +37,16 @@ def main() -> int:
     if unknown:
         print(f"gpu_check: unknown models {sorted(unknown)}; use {', '.join(SHAPES)}", file=sys.stderr)
         return 2
-    cfg = CheckConfig(out=args.out, device=args.device, dtype=args.dtype, models=models, contexts=contexts,
-                      tiny=args.tiny, budget_s=args.budget_s, replay_tokens=args.replay_tokens)
+    cfg = CheckConfig(
+        out=args.out,
+        device=args.device,
+        dtype=args.dtype,
+        models=models,
+        contexts=contexts,
+        tiny=args.tiny,
+        budget_s=args.budget_s,
+        replay_tokens=args.replay_tokens,
+    )
     results = Check(cfg).run()
     print(json.dumps(results, indent=1))
     return 0

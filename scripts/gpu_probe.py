@@ -19,11 +19,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from random_model import NullTokenizer, random_model, shaped  # noqa: E402
 
-from longswift.cache import KVCache  # noqa: E402
 from longswift.config import SamplingConfig, StopConfig  # noqa: E402
-from longswift.decoding import ARDecoder, drive, prefill  # noqa: E402
-from longswift.sampling import TokenChooser  # noqa: E402
-from longswift.transcript import Transcript  # noqa: E402
+from longswift.decode.loop import ARDecoder, drive, prefill  # noqa: E402
+from longswift.decode.sampling import TokenChooser  # noqa: E402
+from longswift.decode.transcript import Transcript  # noqa: E402
+from longswift.model.cache import KVCache  # noqa: E402
 
 
 def sync() -> None:
@@ -82,8 +82,9 @@ def main() -> None:
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        hf_cfg = AutoConfig.for_model(raw["model_type"], **{k: v for k, v in raw.items()
-                                                          if k not in ("architectures", "model_type")})
+        hf_cfg = AutoConfig.for_model(
+            raw["model_type"], **{k: v for k, v in raw.items() if k not in ("architectures", "model_type")}
+        )
         hf = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.bfloat16).to(dev).eval()
         ids = torch.tensor([prompt], device=dev)
         kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)

@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from longswift import api
-from longswift.cache import KVCache
-from longswift.compiled import StaticForward
-from longswift.decoding import prefill
+from longswift.decode.loop import prefill
+from longswift.model.cache import KVCache
+from longswift.model.compiled import StaticForward
 
 
 def forward_ms(model, forward, context: int, steps: int) -> tuple[float, object]:
@@ -70,12 +70,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100)
     args = p.parse_args()
     model = api.load().model
-    weights = sum(t.numel() * 4 for n, t in model.named_parameters() if "embed" not in n) + model.lm_head.weight.numel() * 4
+    weights = (
+        sum(t.numel() * 4 for n, t in model.named_parameters() if "embed" not in n) + model.lm_head.weight.numel() * 4
+    )
     kv = 2 * model.cfg.num_layers * model.cfg.num_kv_heads * model.cfg.head_dim * args.context * 4
-    print(f"bytes read per token: weights + LM head {weights / 1e6:.1f} MB, KV at {args.context} rows {kv / 1e6:.1f} MB")
+    print(
+        f"bytes read per token: weights + LM head {weights / 1e6:.1f} MB, KV at {args.context} rows {kv / 1e6:.1f} MB"
+    )
     read, gemv = bandwidths()
-    print(f"bandwidth: plain read {read:.1f} GB/s, streamed matrix-vector {gemv:.1f} GB/s "
-          f"-> {(weights + kv) / gemv / 1e6:.2f} ms per token at the latter")
+    print(
+        f"bandwidth: plain read {read:.1f} GB/s, streamed matrix-vector {gemv:.1f} GB/s "
+        f"-> {(weights + kv) / gemv / 1e6:.2f} ms per token at the latter"
+    )
     for label, forward in (("eager", model), ("compiled", StaticForward(model, compiled=True))):
         ms, prof = forward_ms(model, forward, args.context, args.steps)
         print(f"\n{label} forward: {ms:.2f} ms median (logits and the choice not included)")

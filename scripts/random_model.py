@@ -14,32 +14,56 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 
-from longswift.checkpoint import Checkpoint
-from longswift.config import ModelConfig, RopeConfig, SamplingConfig, SpeculationConfig, StopConfig
-from longswift.decoding import ARDecoder, drive
-from longswift.heads import DraftHeads
-from longswift.model import Transformer
-from longswift.profile import ProfileConfig, format_profile, run_profile
-from longswift.sampling import TokenChooser
-from longswift.drafting import make_drafter
-from longswift.tokenswift import TokenSwiftDecoder
-from longswift.transcript import Transcript
+from longswift.bench.profile import ProfileConfig, format_profile, run_profile
+from longswift.config import ModelConfig, SamplingConfig, SpeculationConfig, StopConfig
+from longswift.decode.drafting import make_drafter
+from longswift.decode.loop import ARDecoder, drive
+from longswift.decode.sampling import TokenChooser
+from longswift.decode.tokenswift import TokenSwiftDecoder
+from longswift.decode.transcript import Transcript
+from longswift.model.checkpoint import Checkpoint
+from longswift.model.heads import DraftHeads
+from longswift.model.transformer import Transformer
 
 SHAPES = {
-    "qwen2.5-1.5b": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=1536,
-                         intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                         vocab_size=151936, max_position_embeddings=131072, rope_theta=1e6, tie_word_embeddings=True,
-                         rms_norm_eps=1e-6),
-    "llama3.1-8b": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096,
-                        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                        vocab_size=128256, max_position_embeddings=131072, rope_theta=5e5, rms_norm_eps=1e-5,
-                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "qwen2.5-1.5b": dict(
+        architectures=["Qwen2ForCausalLM"],
+        model_type="qwen2",
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=131072,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+    ),
+    "llama3.1-8b": dict(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rope_theta=5e5,
+        rms_norm_eps=1e-5,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
 }
 
 
@@ -97,23 +121,33 @@ def cmd_run(args: argparse.Namespace) -> None:
     raw = shaped(args.shape, args.scale)
     model = random_model(raw, args.device, dtype)
     heads = random_heads(model)
-    prompt = torch.randint(0, raw["vocab_size"], (args.prompt_len,), generator=torch.Generator().manual_seed(1)).tolist()
+    prompt = torch.randint(
+        0, raw["vocab_size"], (args.prompt_len,), generator=torch.Generator().manual_seed(1)
+    ).tolist()
     sampling = SamplingConfig(repetition_penalty=1.2, penalty_window=1024)
     cap = args.prompt_len + args.new
-    print(f"{args.shape} x{args.scale}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B params, "
-          f"{args.device} {args.dtype}, prompt {args.prompt_len}, {args.new} new tokens, greedy, penalty 1.2/1024")
+    print(
+        f"{args.shape} x{args.scale}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B params, "
+        f"{args.device} {args.dtype}, prompt {args.prompt_len}, {args.new} new tokens, greedy, penalty 1.2/1024"
+    )
     timed(ARDecoder(model, TokenChooser(sampling), cap), prompt, 16)  # warm-up
     ar_ids, ar_s, _ = timed(ARDecoder(model, TokenChooser(sampling), cap), prompt, args.new)
     print(f"  ar: {args.new / ar_s:8.1f} tok/s ({ar_s:.2f} s)")
     for tree, k in ((1, 3, 3, 3), 20), ((1, 2, 2, 2), 8), ((1, 1, 1, 1), 4):
         spec = SpeculationConfig(tree=tree, ngram_topk=k)
-        make = lambda: TokenSwiftDecoder(model, TokenChooser(sampling), make_drafter(model, heads, sampling, spec),  # noqa: E731
-                                         spec, cap)
+
+        def make(spec: SpeculationConfig = spec) -> TokenSwiftDecoder:
+            return TokenSwiftDecoder(
+                model, TokenChooser(sampling), make_drafter(model, heads, sampling, spec), spec, cap
+            )
+
         timed(make(), prompt, 16)
         ids, s, st = timed(make(), prompt, args.new)
-        print(f"  tokenswift tree={list(tree)} k={k}: {args.new / s:8.1f} tok/s ({s:.2f} s), speedup {ar_s / s:.2f}x, "
-              f"identical={ids == ar_ids}, {st['mean_accepted']:.2f} tok/step, draft {st['draft_s']:.2f}s "
-              f"verify {st['verify_s']:.2f}s bookkeeping {st['bookkeeping_s']:.2f}s")
+        print(
+            f"  tokenswift tree={list(tree)} k={k}: {args.new / s:8.1f} tok/s ({s:.2f} s), speedup {ar_s / s:.2f}x, "
+            f"identical={ids == ar_ids}, {st['mean_accepted']:.2f} tok/step, draft {st['draft_s']:.2f}s "
+            f"verify {st['verify_s']:.2f}s bookkeeping {st['bookkeeping_s']:.2f}s"
+        )
     if args.profile:
         lengths = tuple(int(x) for x in args.profile.split(","))
         report = run_profile(model, ProfileConfig(cache_lengths=lengths, query_counts=(1, 4, 16, 64, 128), repeats=3))

@@ -31,8 +31,11 @@ PROMPT = "ACT I. SCENE I.\nLondon. A room in the palace.\n\nEnter the KING, GLOU
 
 
 def start_server(model: list[str]) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "longswift", "serve", "--port", "0", "--log-level", "warning",
-                             *model], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "longswift", "serve", "--port", "0", "--log-level", "warning", *model],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in proc.stderr:
         if "ready on " in line:
             threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
@@ -43,9 +46,27 @@ def start_server(model: list[str]) -> tuple[subprocess.Popen, str]:
 def run_generate(model: list[str], tokens: int, tmp: Path) -> tuple[float, float, str]:
     """-> (reported tokens/s, streaming tokens/s, text). Streaming: tokens / (first stdout byte -> summary line)."""
     stats = tmp / "gen.json"
-    proc = subprocess.Popen([sys.executable, "-m", "longswift", "generate", *model, "--prompt", PROMPT,
-                             "--max-new-tokens", str(tokens), "--greedy", "--ignore-eos", "--log-every", "10000000",
-                             "--stats-json", str(stats)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "longswift",
+            "generate",
+            *model,
+            "--prompt",
+            PROMPT,
+            "--max-new-tokens",
+            str(tokens),
+            "--greedy",
+            "--ignore-eos",
+            "--log-every",
+            "10000000",
+            "--stats-json",
+            str(stats),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     times: dict[str, float] = {}
     parts: list[bytes] = []
 
@@ -74,8 +95,9 @@ def run_stream(client: openai.OpenAI, model_name: str, tokens: int) -> tuple[flo
     """-> (end-to-end tokens/s, time to first chunk, text, served tokens/s, streaming tokens/s)."""
     start = time.perf_counter()
     first, parts, served = None, [], 0.0
-    for chunk in client.completions.create(model=model_name, prompt=PROMPT, max_tokens=tokens, temperature=0,
-                                           stream=True, extra_body={"ignore_eos": True}):
+    for chunk in client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=tokens, temperature=0, stream=True, extra_body={"ignore_eos": True}
+    ):
         first = first or time.perf_counter()
         parts.append(chunk.choices[0].text)
         if chunk.usage is not None:
@@ -86,8 +108,14 @@ def run_stream(client: openai.OpenAI, model_name: str, tokens: int) -> tuple[flo
 
 def run_raw(url: str, model_name: str, tokens: int) -> tuple[float, float]:
     """The same request read as bytes (no parsing until the end): what the server alone costs."""
-    body = {"model": model_name, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True}
+    body = {
+        "model": model_name,
+        "prompt": PROMPT,
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     start = time.perf_counter()
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=3600) as response:
         data = b"".join(response.iter_raw())
@@ -156,9 +184,18 @@ def main() -> None:
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=3600)
     name = client.models.list().data[0].id
     run_stream(client, name, 64)  # warm-up
-    rows: dict[str, list[float]] = {k: [] for k in ("generate reported", "generate streaming", "openai streaming",
-                                                     "openai end-to-end", "openai served", "raw end-to-end",
-                                                     "raw served")}
+    rows: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "generate reported",
+            "generate streaming",
+            "openai streaming",
+            "openai end-to-end",
+            "openai served",
+            "raw end-to-end",
+            "raw served",
+        )
+    }
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for i in range(args.repeats):
@@ -167,16 +204,23 @@ def main() -> None:
                 raw_e2e, raw_served = run_raw(url, name, args.tokens)
                 for key, value in zip(rows, (g, g_stream, s_stream, e2e, served, raw_e2e, raw_served)):
                     rows[key].append(value)
-                print(f"repeat {i + 1}: generate {g:.1f} tok/s reported, {g_stream:.1f} streaming | openai client: "
-                      f"{s_stream:.1f} streaming, {e2e:.1f} end to end, {served:.1f} served, first chunk after "
-                      f"{ttfc * 1000:.0f} ms | raw reader: {raw_e2e:.1f} end to end, {raw_served:.1f} served | "
-                      f"same text: {g_text == s_text}", flush=True)
+                print(
+                    f"repeat {i + 1}: generate {g:.1f} tok/s reported, {g_stream:.1f} streaming | openai client: "
+                    f"{s_stream:.1f} streaming, {e2e:.1f} end to end, {served:.1f} served, first chunk after "
+                    f"{ttfc * 1000:.0f} ms | raw reader: {raw_e2e:.1f} end to end, {raw_served:.1f} served | "
+                    f"same text: {g_text == s_text}",
+                    flush=True,
+                )
     finally:
         proc.terminate()
         proc.wait(30)
     base = statistics.median(rows["generate reported"])
-    print("medians: " + ", ".join(f"{k} {statistics.median(v):.1f} tok/s ({statistics.median(v) / base:.3f}x)"
-                                  for k, v in rows.items()))
+    print(
+        "medians: "
+        + ", ".join(
+            f"{k} {statistics.median(v):.1f} tok/s ({statistics.median(v) / base:.3f}x)" for k, v in rows.items()
+        )
+    )
     ratio = statistics.median(rows["openai streaming"]) / statistics.median(rows["generate streaming"])
     print(f"streaming tokens/s, server (openai client) / generate (stdout): {ratio:.3f}")
 

@@ -37,12 +37,15 @@ def main() -> None:
         engine = longswift.load(args.model, device="cpu", dtype="fp32", tp=parallel)
         for mode in ("ar", "tokenswift"):
             engine.generate(args.prompt, 16, sampling=SamplingConfig(temperature=0), mode=mode, ignore_eos=True)
-            r = engine.generate(args.prompt, args.new, sampling=SamplingConfig(temperature=0), mode=mode,
-                                ignore_eos=True)
+            r = engine.generate(
+                args.prompt, args.new, sampling=SamplingConfig(temperature=0), mode=mode, ignore_eos=True
+            )
             if int(os.environ.get("RANK", "0")) == 0:
-                print(f"tp={tp} vocab={name:<10} {mode:<10} {r.stats['tokens_per_s']:8.1f} tok/s  "
-                      f"weights/rank {weight_bytes(engine.model) / 2**20:7.2f} MiB  first ids {r.token_ids[:5]}",
-                      flush=True)
+                print(
+                    f"tp={tp} vocab={name:<10} {mode:<10} {r.stats['tokens_per_s']:8.1f} tok/s  "
+                    f"weights/rank {weight_bytes(engine.model) / 2**20:7.2f} MiB  first ids {r.token_ids[:5]}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

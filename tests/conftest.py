@@ -29,29 +29,101 @@ TOKENIZER_TEXT = (
 
 # name -> (transformers config class name, config kwargs). Odd head counts and explicit head_dim where allowed.
 ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
-    "llama_mha": ("LlamaConfig", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
-                                      intermediate_size=128, num_hidden_layers=2)),
-    "llama_gqa_llama3": ("LlamaConfig", dict(
-        hidden_size=72, num_attention_heads=6, num_key_value_heads=2, head_dim=16, intermediate_size=96,
-        num_hidden_layers=3, rope_theta=500000.0, max_position_embeddings=4096,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 64})),
-    "llama_yarn": ("LlamaConfig", dict(
-        hidden_size=48, num_attention_heads=3, num_key_value_heads=1, intermediate_size=80, num_hidden_layers=2,
-        max_position_embeddings=4096,
-        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128})),
-    "llama_linear": ("LlamaConfig", dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=2,
-                                         intermediate_size=64, num_hidden_layers=2,
-                                         rope_scaling={"rope_type": "linear", "factor": 2.0})),
-    "qwen2_bias": ("Qwen2Config", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                                       intermediate_size=112, num_hidden_layers=2, tie_word_embeddings=True)),
-    "mistral": ("MistralConfig", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=24,
-                                      intermediate_size=96, num_hidden_layers=2, sliding_window=None)),
+    "llama_mha": (
+        "LlamaConfig",
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=128, num_hidden_layers=2),
+    ),
+    "llama_gqa_llama3": (
+        "LlamaConfig",
+        dict(
+            hidden_size=72,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=96,
+            num_hidden_layers=3,
+            rope_theta=500000.0,
+            max_position_embeddings=4096,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+    ),
+    "llama_yarn": (
+        "LlamaConfig",
+        dict(
+            hidden_size=48,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            intermediate_size=80,
+            num_hidden_layers=2,
+            max_position_embeddings=4096,
+            rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+        ),
+    ),
+    "llama_linear": (
+        "LlamaConfig",
+        dict(
+            hidden_size=32,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            rope_scaling={"rope_type": "linear", "factor": 2.0},
+        ),
+    ),
+    "qwen2_bias": (
+        "Qwen2Config",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=112,
+            num_hidden_layers=2,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "mistral": (
+        "MistralConfig",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=24,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            sliding_window=None,
+        ),
+    ),
     # Qwen3: per-head q/k RMSNorm before RoPE; head_dim explicit and != hidden / heads, as in the real models.
-    "qwen3": ("Qwen3Config", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
-                                  intermediate_size=96, num_hidden_layers=2, tie_word_embeddings=False)),
-    "qwen3_tied": ("Qwen3Config", dict(hidden_size=48, num_attention_heads=3, num_key_value_heads=1, head_dim=32,
-                                       intermediate_size=80, num_hidden_layers=2, tie_word_embeddings=True)),
+    "qwen3": (
+        "Qwen3Config",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=24,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "qwen3_tied": (
+        "Qwen3Config",
+        dict(
+            hidden_size=48,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            head_dim=32,
+            intermediate_size=80,
+            num_hidden_layers=2,
+            tie_word_embeddings=True,
+        ),
+    ),
 }
 
 
@@ -64,8 +136,12 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=[EOS_TEXT],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=[EOS_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([TOKENIZER_TEXT], trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TEXT)
     out = tmp_path_factory.mktemp("tokenizer")
@@ -80,8 +156,15 @@ def write_checkpoint(out: Path, arch: str, tokenizer_dir: Path, seed: int = 0, *
     import transformers
 
     cls_name, kwargs = ARCHS[arch]
-    kwargs = {**kwargs, "vocab_size": VOCAB, "eos_token_id": 0, "bos_token_id": None, "pad_token_id": None,
-              "initializer_range": 0.1, **overrides}
+    kwargs = {
+        **kwargs,
+        "vocab_size": VOCAB,
+        "eos_token_id": 0,
+        "bos_token_id": None,
+        "pad_token_id": None,
+        "initializer_range": 0.1,
+        **overrides,
+    }
     config = getattr(transformers, cls_name)(**kwargs)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -111,8 +194,9 @@ def tiny_llama(checkpoint_factory: Callable[..., Path]) -> Path:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--run-slow", action="store_true",
-                     help="also run the tests marked slow (long identity runs, minutes each)")
+    parser.addoption(
+        "--run-slow", action="store_true", help="also run the tests marked slow (long identity runs, minutes each)"
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

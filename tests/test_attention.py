@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longswift.cache import KVCache, NoCache
-from longswift.checkpoint import Checkpoint
-from longswift.decoding import prefill
-from longswift.model import CASCADE_MIN_WORK, QueryLog, Visibility, attend, attention_bias, merge_attention
-from longswift.partial_cache import PartialCache
+from longswift.decode.loop import prefill
+from longswift.model.cache import KVCache, NoCache
+from longswift.model.checkpoint import Checkpoint
+from longswift.model.partial_cache import PartialCache
+from longswift.model.transformer import CASCADE_MIN_WORK, QueryLog, Visibility, attend, attention_bias, merge_attention
 
 TOL = 1e-5
 

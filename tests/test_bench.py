@@ -14,14 +14,32 @@ import pytest
 import torch
 
 from longswift import ConfigError, PromptError, SamplingConfig
-from longswift.bench import (BenchConfig, RunRecord, WindowedRepetitionPenalty, _check_identity, bench_sampling,
-                             format_table, load_prompts, parse_ints, parse_methods, run_bench, summarize,
-                             summary_json)
+from longswift.bench import (
+    BenchConfig,
+    RunRecord,
+    WindowedRepetitionPenalty,
+    _check_identity,
+    bench_sampling,
+    format_table,
+    load_prompts,
+    parse_ints,
+    parse_methods,
+    run_bench,
+    summarize,
+    summary_json,
+)
+from longswift.bench.metrics import (
+    acceptance_rate,
+    distinct_n,
+    first_difference,
+    milestone_targets,
+    ms_per_token,
+    paired_speedup,
+    times_at,
+)
+from longswift.bench.profile import ProfileConfig, format_profile, run_profile, write_profile
 from longswift.config import SpeculationConfig
-from longswift.metrics import (acceptance_rate, distinct_n, first_difference, milestone_targets, ms_per_token,
-                               paired_speedup, times_at)
-from longswift.profile import ProfileConfig, format_profile, run_profile, write_profile
-from longswift.sampling import apply_penalty
+from longswift.decode.sampling import apply_penalty
 from tests.test_tokenswift import random_heads
 
 # ------------------------------------------------------------------------------------------------ arithmetic
@@ -78,8 +96,14 @@ def _run(method: str, repeat: int, decode_s: float, curve: list[float], steps: i
 def test_summaries_pair_speedups_within_repeats_and_split_tenths():
     cfg = BenchConfig(tuple(parse_methods("ar,hf,tokenswift")), (10,), Path("out"), curve_points=10)
     linear = [0.1 * i for i in range(1, 11)]
-    runs = [_run("ar", 0, 1.0, linear), _run("hf", 0, 2.0, linear), _run("tokenswift", 0, 0.5, linear, steps=4),
-            _run("ar", 1, 3.0, linear), _run("hf", 1, 3.0, linear), _run("tokenswift", 1, 1.0, linear, steps=4)]
+    runs = [
+        _run("ar", 0, 1.0, linear),
+        _run("hf", 0, 2.0, linear),
+        _run("tokenswift", 0, 0.5, linear, steps=4),
+        _run("ar", 1, 3.0, linear),
+        _run("hf", 1, 3.0, linear),
+        _run("tokenswift", 1, 1.0, linear, steps=4),
+    ]
     ar, hf, ts = summarize(cfg, runs)
     assert ar.speedup_vs_ar == 1.0 and ar.speedup_vs_hf == pytest.approx((2.0 + 1.0) / 2)  # hf/ar: 2 and 1
     assert ts.speedup_vs_ar == pytest.approx((2.0 + 3.0) / 2)  # per-repeat ratios 2 and 3, not 4.0 / 1.5
@@ -117,20 +141,42 @@ def test_parse_methods_plain_and_with_options():
     sink = parse_methods("tokenswift:sink=4,budget=64,n=3,k=0")[0].speculation
     assert (sink.sink_tokens, sink.kv_budget, sink.ngram_n, sink.ngram_topk) == (4, 64, 3, 0)
     fused = parse_methods("tokenswift:tree=1,k=1,draft=fused,cand=adaptive,lookup=16,attn=dense")[0]
-    assert fused.speculation == SpeculationConfig(tree=(1,), ngram_topk=1, draft="fused", candidates="adaptive",
-                                                  lookup=16)
+    assert fused.speculation == SpeculationConfig(
+        tree=(1,), ngram_topk=1, draft="fused", candidates="adaptive", lookup=16
+    )
     assert fused.attention == "dense"
     dense_default = parse_methods("tokenswift:attn=dense")[0]
     assert dense_default.speculation is None and dense_default.attention == "dense"
 
 
-@pytest.mark.parametrize("spec", [
-    "", "beam", "k=8", "ar,k=8", "ar:k=8", "ar,ar", "tokenswift,tokenswift",
-    "tokenswift:tree=1-x", "tokenswift:tree=", "tokenswift:tree=0-3", "tokenswift:k=-1", "tokenswift:foo=1",
-    "tokenswift:budget=8,sink=16", "tokenswift:tree=1-3,tree=2", "tokenswift:k", "hf:cache=paged", "hf:compile=yes",
-    "hf:tokens=3", "hf-lookup:tokens=0", "tokenswift:draft=both", "tokenswift:cand=few", "tokenswift:lookup=x",
-    "tokenswift:attn=flash",
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "",
+        "beam",
+        "k=8",
+        "ar,k=8",
+        "ar:k=8",
+        "ar,ar",
+        "tokenswift,tokenswift",
+        "tokenswift:tree=1-x",
+        "tokenswift:tree=",
+        "tokenswift:tree=0-3",
+        "tokenswift:k=-1",
+        "tokenswift:foo=1",
+        "tokenswift:budget=8,sink=16",
+        "tokenswift:tree=1-3,tree=2",
+        "tokenswift:k",
+        "hf:cache=paged",
+        "hf:compile=yes",
+        "hf:tokens=3",
+        "hf-lookup:tokens=0",
+        "tokenswift:draft=both",
+        "tokenswift:cand=few",
+        "tokenswift:lookup=x",
+        "tokenswift:attn=flash",
+    ],
+)
 def test_parse_methods_rejects_bad_specs(spec):
     with pytest.raises(ConfigError):
         parse_methods(spec)
@@ -196,9 +242,18 @@ def test_prompts_are_exactly_prompt_len(tmp_path, monkeypatch):
 
 def test_run_bench_smoke(tiny_llama, tmp_path):
     heads = Path(random_heads(tiny_llama, 0))
-    cfg = BenchConfig(tuple(parse_methods("ar,hf,hf-lookup,tokenswift,tokenswift:tree=1-2,k=4,budget=32,sink=4")),
-                      (16, 32), tmp_path / "out", model=tiny_llama, heads=heads, prompt_len=48, device="cpu",
-                      dtype="fp32", warmup_tokens=4, curve_points=20)
+    cfg = BenchConfig(
+        tuple(parse_methods("ar,hf,hf-lookup,tokenswift,tokenswift:tree=1-2,k=4,budget=32,sink=4")),
+        (16, 32),
+        tmp_path / "out",
+        model=tiny_llama,
+        heads=heads,
+        prompt_len=48,
+        device="cpu",
+        dtype="fp32",
+        warmup_tokens=4,
+        curve_points=20,
+    )
     events = []
     report = run_bench(cfg, events.append)
     for name in ("results.json", "results.csv", "runs.jsonl", "decode_time.png", "speedup.png"):
@@ -219,8 +274,9 @@ def test_run_bench_smoke(tiny_llama, tmp_path):
     saved = json.loads((cfg.out / "results.json").read_text())
     assert saved["lossless"] is True and saved["environment"]["torch"] == torch.__version__
     # plain `tokenswift` ran the device's defaults, and the saved config says which ones
-    assert saved["config"]["methods"][3]["speculation"] == json.loads(json.dumps(
-        asdict(SpeculationConfig.for_device("cpu"))))
+    assert saved["config"]["methods"][3]["speculation"] == json.loads(
+        json.dumps(asdict(SpeculationConfig.for_device("cpu")))
+    )
     assert len(saved["runs"]) == 10 and saved["prompts"]["tokens"] == [48]
     assert len((cfg.out / "runs.jsonl").read_text().splitlines()) == 10
     with open(cfg.out / "results.csv", newline="") as f:
@@ -231,9 +287,20 @@ def test_run_bench_smoke(tiny_llama, tmp_path):
 
 def test_run_bench_sampling_lockstep(tiny_llama, tmp_path):
     """Seeded sampling: longswift's AR and TokenSwift draw in lockstep, so even sampled outputs are identical."""
-    cfg = BenchConfig(tuple(parse_methods("ar,tokenswift")), (24,), tmp_path, model=tiny_llama,
-                      heads=Path(random_heads(tiny_llama, 0)), prompt_len=32, sampling=bench_sampling(True),
-                      device="cpu", dtype="fp32", warmup_tokens=2, curve_points=10, seed=3)
+    cfg = BenchConfig(
+        tuple(parse_methods("ar,tokenswift")),
+        (24,),
+        tmp_path,
+        model=tiny_llama,
+        heads=Path(random_heads(tiny_llama, 0)),
+        prompt_len=32,
+        sampling=bench_sampling(True),
+        device="cpu",
+        dtype="fp32",
+        warmup_tokens=2,
+        curve_points=10,
+        seed=3,
+    )
     assert run_bench(cfg).summary("tokenswift", 24).identical is True
 
 
@@ -245,7 +312,7 @@ def test_run_bench_refuses_before_loading(tiny_llama, tmp_path):
 
 
 def test_profile_smoke(tiny_llama, tmp_path):
-    from longswift.checkpoint import Checkpoint
+    from longswift.model.checkpoint import Checkpoint
 
     model = Checkpoint.open(tiny_llama).load_model()
     cfg = ProfileConfig(cache_lengths=(8, 64, 10**6), query_counts=(1, 4), repeats=2, warmup=0)

@@ -5,11 +5,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longswift.cache import KVCache
 from longswift.config import ModelConfig
+from longswift.model.cache import KVCache
 
-CFG = ModelConfig(architecture="LlamaForCausalLM", vocab_size=10, hidden_size=8, intermediate_size=8,
-                  num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4, max_position_embeddings=64)
+CFG = ModelConfig(
+    architecture="LlamaForCausalLM",
+    vocab_size=10,
+    hidden_size=8,
+    intermediate_size=8,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=4,
+    max_position_embeddings=64,
+)
 
 
 def rows(n: int, start: float) -> torch.Tensor:

@@ -22,8 +22,20 @@ def run(*argv: str) -> tuple[int, str, str]:
 
 def test_generate_streams_text_and_writes_stats(tiny_llama, tmp_path):
     stats = tmp_path / "stats.json"
-    code, out, err = run("generate", "--model", str(tiny_llama), "--prompt", "It was", "--max-new-tokens", "12",
-                         "--seed", "1", "--ignore-eos", "--stats-json", str(stats))
+    code, out, err = run(
+        "generate",
+        "--model",
+        str(tiny_llama),
+        "--prompt",
+        "It was",
+        "--max-new-tokens",
+        "12",
+        "--seed",
+        "1",
+        "--ignore-eos",
+        "--stats-json",
+        str(stats),
+    )
     assert code == 0, err
     assert out.strip()
     data = json.loads(stats.read_text())
@@ -32,8 +44,24 @@ def test_generate_streams_text_and_writes_stats(tiny_llama, tmp_path):
 
 
 def test_console_script_runs_as_a_subprocess(tiny_llama):
-    proc = subprocess.run([sys.executable, "-m", "longswift", "generate", "--model", str(tiny_llama), "--prompt",
-                           "It was", "--max-new-tokens", "5", "--greedy"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "longswift",
+            "generate",
+            "--model",
+            str(tiny_llama),
+            "--prompt",
+            "It was",
+            "--max-new-tokens",
+            "5",
+            "--greedy",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "[ar] 5 tokens" in proc.stderr or "[ar]" in proc.stderr
 
@@ -44,10 +72,11 @@ def _broken_dirs(tmp_path, tiny_llama):
     unsupported = tmp_path / "gpt2"
     unsupported.mkdir()
     (unsupported / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
-    return {"missing": (str(tmp_path / "nope"), "model directory not found"),
-            "no_config": (str(empty), "config.json not found"),
-            "unsupported": (str(unsupported), "unsupported architecture 'GPT2LMHeadModel'; supported: "
-                                              "LlamaForCausalLM")}
+    return {
+        "missing": (str(tmp_path / "nope"), "model directory not found"),
+        "no_config": (str(empty), "config.json not found"),
+        "unsupported": (str(unsupported), "unsupported architecture 'GPT2LMHeadModel'; supported: LlamaForCausalLM"),
+    }
 
 
 @pytest.mark.parametrize("case", ["missing", "no_config", "unsupported"])
@@ -58,24 +87,27 @@ def test_bad_model_directory(case, tmp_path, tiny_llama):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--prompt", "   "], "the prompt is empty"),
-    (["--prompt", "x", "--temperature", "-0.5"], "temperature must be >= 0, got -0.5"),
-    (["--prompt", "x", "--top-p", "0"], "top-p must be in (0, 1], got 0.0"),
-    (["--prompt", "x", "--top-p", "1.5"], "top-p must be in (0, 1], got 1.5"),
-    (["--prompt", "x", "--min-p", "1"], "min-p must be in [0, 1), got 1.0"),
-    (["--prompt", "x", "--repetition-penalty", "0"], "repetition penalty must be > 0"),
-    (["--prompt", "x", "--penalty-window", "-1"], "penalty window must be >= 0"),
-    (["--prompt", "x", "--max-new-tokens", "0"], "max-new-tokens must be >= 1"),
-    (["--prompt", "x", "--max-new-tokens", "5000"], "exceeds the model's 4,096 positions"),
-    (["--prompt", "x", "--bogus"], "unrecognized arguments: --bogus"),
-    (["--prompt", "x", "--temperature", "hot"], "invalid float value: 'hot'"),
-    (["--prompt", "x", "--dtype", "fp8"], "unknown dtype 'fp8'"),
-    (["--prompt", "x", "--draft", "both"], "invalid choice: 'both'"),
-    (["--prompt", "x", "--candidates", "most"], "invalid choice: 'most'"),
-    (["--prompt", "x", "--lookup", "-3"], "lookup must be in [0, 64] tokens, got -3"),
-    (["--prompt", "x", "--lookup", "many"], "invalid int value: 'many'"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--prompt", "   "], "the prompt is empty"),
+        (["--prompt", "x", "--temperature", "-0.5"], "temperature must be >= 0, got -0.5"),
+        (["--prompt", "x", "--top-p", "0"], "top-p must be in (0, 1], got 0.0"),
+        (["--prompt", "x", "--top-p", "1.5"], "top-p must be in (0, 1], got 1.5"),
+        (["--prompt", "x", "--min-p", "1"], "min-p must be in [0, 1), got 1.0"),
+        (["--prompt", "x", "--repetition-penalty", "0"], "repetition penalty must be > 0"),
+        (["--prompt", "x", "--penalty-window", "-1"], "penalty window must be >= 0"),
+        (["--prompt", "x", "--max-new-tokens", "0"], "max-new-tokens must be >= 1"),
+        (["--prompt", "x", "--max-new-tokens", "5000"], "exceeds the model's 4,096 positions"),
+        (["--prompt", "x", "--bogus"], "unrecognized arguments: --bogus"),
+        (["--prompt", "x", "--temperature", "hot"], "invalid float value: 'hot'"),
+        (["--prompt", "x", "--dtype", "fp8"], "unknown dtype 'fp8'"),
+        (["--prompt", "x", "--draft", "both"], "invalid choice: 'both'"),
+        (["--prompt", "x", "--candidates", "most"], "invalid choice: 'most'"),
+        (["--prompt", "x", "--lookup", "-3"], "lookup must be in [0, 64] tokens, got -3"),
+        (["--prompt", "x", "--lookup", "many"], "invalid int value: 'many'"),
+    ],
+)
 def test_bad_flags(flags, message, tiny_llama):
     code, out, err = run("generate", "--model", str(tiny_llama), *flags)
     assert code == 2
@@ -100,8 +132,9 @@ def test_prompt_file_problems(tiny_llama, tmp_path):
 
 
 def test_unwritable_stats_path_fails_before_generating(tiny_llama, tmp_path):
-    code, out, err = run("generate", "--model", str(tiny_llama), "--prompt", "x",
-                         "--stats-json", str(tmp_path / "no" / "dir" / "s.json"))
+    code, out, err = run(
+        "generate", "--model", str(tiny_llama), "--prompt", "x", "--stats-json", str(tmp_path / "no" / "dir" / "s.json")
+    )
     assert code == 2 and "cannot write" in err and out == ""
 
 
@@ -123,20 +156,52 @@ def test_train_heads_end_to_end_then_generate_with_them(tiny_llama, tmp_path):
     data = tmp_path / "data.txt"
     data.write_text("It was the best of times, it was the worst of times. " * 100)
     heads = tmp_path / "heads.safetensors"
-    code, out, err = run("train-heads", "--model", str(tiny_llama), "--data", str(data), "--out", str(heads),
-                         "--steps", "4", "--seq-len", "64", "--quiet")
+    code, out, err = run(
+        "train-heads",
+        "--model",
+        str(tiny_llama),
+        "--data",
+        str(data),
+        "--out",
+        str(heads),
+        "--steps",
+        "4",
+        "--seq-len",
+        "64",
+        "--quiet",
+    )
     assert code == 0, err
     assert "wrote" in out and heads.exists()
     stats = tmp_path / "s.json"
-    code, _, err = run("generate", "--model", str(tiny_llama), "--heads", str(heads), "--prompt", "It was",
-                       "--max-new-tokens", "20", "--greedy", "--ignore-eos", "--stats-json", str(stats))
+    code, _, err = run(
+        "generate",
+        "--model",
+        str(tiny_llama),
+        "--heads",
+        str(heads),
+        "--prompt",
+        "It was",
+        "--max-new-tokens",
+        "20",
+        "--greedy",
+        "--ignore-eos",
+        "--stats-json",
+        str(stats),
+    )
     assert code == 0, err
     assert json.loads(stats.read_text())["mode"] == "tokenswift"
 
 
 def test_train_heads_bad_inputs(tiny_llama, tmp_path):
-    code, _, err = run("train-heads", "--model", str(tiny_llama), "--data", str(tmp_path / "none.txt"),
-                       "--out", str(tmp_path / "h.safetensors"))
+    code, _, err = run(
+        "train-heads",
+        "--model",
+        str(tiny_llama),
+        "--data",
+        str(tmp_path / "none.txt"),
+        "--out",
+        str(tmp_path / "h.safetensors"),
+    )
     assert code == 2 and "not found" in err and "Traceback" not in err
     code, _, err = run("train-heads", "--model", str(tiny_llama), "--data", str(tmp_path / "none.txt"))
     assert code == 2 and "--out" in err
@@ -164,8 +229,9 @@ def test_heads_for_another_model_via_the_cli(tiny_llama, checkpoint_factory):
 
 
 def test_unwritable_output_path(tiny_llama, tmp_path):
-    code, out, err = run("generate", "--model", str(tiny_llama), "--prompt", "x",
-                         "--output", str(tmp_path / "missing" / "out.txt"))
+    code, out, err = run(
+        "generate", "--model", str(tiny_llama), "--prompt", "x", "--output", str(tmp_path / "missing" / "out.txt")
+    )
     assert code == 2 and "cannot write" in err and out == ""
 
 
@@ -191,16 +257,29 @@ def test_nan_logits_stop_the_job_with_one_line_and_keep_the_text(tiny_llama, tmp
 
     out = tmp_path / "out.txt"
     greedy = ("--greedy", "--repetition-penalty", "1", "--max-new-tokens", "40", "--ignore-eos", "--quiet")
-    code, _, err = run("generate", "--model", str(poisoned), "--mode", "ar", "--prompt", prompt, *greedy,
-                       "--output", str(out))
+    code, _, err = run(
+        "generate", "--model", str(poisoned), "--mode", "ar", "--prompt", prompt, *greedy, "--output", str(out)
+    )
     assert code == 2 and "NaN or infinite logits" in err and err.count("\n") == 1 and "Traceback" not in err
     # Everything emitted before the NaN is on disk (a trailing incomplete UTF-8 character is still held back).
     assert out.read_text(encoding="utf-8") == engine.tokenizer.decode(clean[: i + 1]).rstrip("\ufffd")
 
     # TokenSwift may meet the poisoned token earlier (as a rejected candidate); it too stops cleanly.
     heads = random_heads(tiny_llama, 2)
-    code, _, err = run("generate", "--model", str(poisoned), "--heads", heads, "--mode", "tokenswift", "--prompt",
-                       prompt, *greedy, "--output", str(out))
+    code, _, err = run(
+        "generate",
+        "--model",
+        str(poisoned),
+        "--heads",
+        heads,
+        "--mode",
+        "tokenswift",
+        "--prompt",
+        prompt,
+        *greedy,
+        "--output",
+        str(out),
+    )
     assert code == 2 and "NaN or infinite logits" in err and "Traceback" not in err
     assert engine.tokenizer.decode(clean[: i + 1]).startswith(out.read_text(encoding="utf-8"))
 
@@ -208,6 +287,19 @@ def test_nan_logits_stop_the_job_with_one_line_and_keep_the_text(tiny_llama, tmp
 def test_fused_drafting_refuses_a_tree_deeper_than_the_heads(tiny_llama):
     from .test_tokenswift import random_heads
 
-    code, _, err = run("generate", "--model", str(tiny_llama), "--heads", random_heads(tiny_llama, 0), "--prompt",
-                       "x", "--draft", "fused", "--tree", "1,1,1,1", "--mode", "tokenswift")
+    code, _, err = run(
+        "generate",
+        "--model",
+        str(tiny_llama),
+        "--heads",
+        random_heads(tiny_llama, 0),
+        "--prompt",
+        "x",
+        "--draft",
+        "fused",
+        "--tree",
+        "1,1,1,1",
+        "--mode",
+        "tokenswift",
+    )
     assert code == 2 and "fused drafting gets only 3 levels" in err and err.count("\n") == 1

@@ -16,11 +16,11 @@ import torch
 
 import longswift
 from longswift import SamplingConfig, SpeculationConfig
-from longswift.cache import KVCache
-from longswift.compiled import StaticForward, key_bucket, node_bucket
-from longswift.decoding import prefill
+from longswift.decode.loop import prefill
+from longswift.decode.tree import Trie
 from longswift.errors import ConfigError
-from longswift.tree import Trie
+from longswift.model.cache import KVCache
+from longswift.model.compiled import StaticForward, key_bucket, node_bucket
 
 from .test_tokenswift import PROMPT, random_heads
 
@@ -81,7 +81,7 @@ def test_static_path_computes_the_eager_forward(arch, checkpoint_factory):
 
 
 def test_static_path_logs_the_root_query_as_the_eager_forward(tiny_llama):
-    from longswift.model import QueryLog
+    from longswift.model.transformer import QueryLog
 
     model = longswift.load(tiny_llama, heads=False, device="cpu", dtype="fp32").model
     static = StaticForward(model, compiled=False)
@@ -111,12 +111,19 @@ def test_tokenswift_on_the_static_path_equals_ar(tiny_llama):
 
 def test_compile_on_without_a_compiler_is_one_clear_line(tmp_path):
     env = {**os.environ, "PATH": str(tmp_path)}  # an empty directory: no cc, no g++
-    done = subprocess.run([sys.executable, "-m", "longswift", "generate", "--prompt", "Hi", "--max-new-tokens", "4",
-                           "--compile", "on"], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "longswift", "generate", "--prompt", "Hi", "--max-new-tokens", "4", "--compile", "on"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
-    assert lines == ["longswift: error: --compile on: no C++ compiler on PATH (Inductor builds its kernels with one); "
-                     "install one or use --compile off"]
+    assert lines == [
+        "longswift: error: --compile on: no C++ compiler on PATH (Inductor builds its kernels with one); "
+        "install one or use --compile off"
+    ]
 
 
 def test_a_failing_compilation_is_one_clear_line(tiny_llama):
@@ -174,8 +181,9 @@ def test_compiled_seeded_sampling_is_in_lockstep_with_eager_ar(arch, compiled_en
     for seed in range(3):
         eager = engine.generate(PROMPT, 200, sampling=sampling, seed=seed, ignore_eos=True, mode="ar", compile="off")
         for mode in ("ar", "tokenswift"):
-            run = engine.generate(PROMPT, 200, sampling=sampling, seed=seed, ignore_eos=True, mode=mode,
-                                  speculation=SPEC)
+            run = engine.generate(
+                PROMPT, 200, sampling=sampling, seed=seed, ignore_eos=True, mode=mode, speculation=SPEC
+            )
             assert run.token_ids == eager.token_ids, f"{mode} seed {seed}"
 
 
@@ -185,17 +193,22 @@ def test_no_recompilation_once_warm(compiled_engines):
     engine = compiled_engines["llama_gqa_llama3"]
     engine.generate(PROMPT, 16, sampling=PENALTY, ignore_eos=True, mode="tokenswift", speculation=SPEC)
     with torch.compiler.set_stance("fail_on_recompile"):
-        run = engine.generate(PROMPT * 3, 700, sampling=PENALTY, ignore_eos=True, mode="tokenswift",
-                              speculation=SpeculationConfig(tree=(3, 2, 2), ngram_topk=3, lookup=12, draft="fused",
-                                                            candidates="all"))
+        run = engine.generate(
+            PROMPT * 3,
+            700,
+            sampling=PENALTY,
+            ignore_eos=True,
+            mode="tokenswift",
+            speculation=SpeculationConfig(tree=(3, 2, 2), ngram_topk=3, lookup=12, draft="fused", candidates="all"),
+        )
     assert len(run.stats["verified_nodes"]) >= 4
     assert run.stats["compile"]["recompiles"] == 0 and run.stats["compile"]["compiles"] == 0
 
 
 def test_static_path_over_the_partial_cache_computes_the_eager_drafting_forward(tiny_llama):
     """The paper's drafting forward goes through the same static path: slots of a ranked partial cache, padded."""
-    from longswift.model import QueryLog
-    from longswift.partial_cache import PartialCache
+    from longswift.model.partial_cache import PartialCache
+    from longswift.model.transformer import QueryLog
 
     model = longswift.load(tiny_llama, heads=False, device="cpu", dtype="fp32").model
     static = StaticForward(model, compiled=False)
@@ -224,8 +237,9 @@ def test_partial_drafting_on_the_static_path_equals_ar(tiny_llama):
     engine._static = StaticForward(engine.model, compiled=False)
     spec = SpeculationConfig(tree=(1, 2, 2), ngram_topk=3, lookup=6, draft="partial", kv_budget=48, sink_tokens=4)
     ar = engine.generate(PROMPT, 500, sampling=PENALTY, ignore_eos=True, mode="ar", compile="off")
-    ts = engine.generate(PROMPT, 500, sampling=PENALTY, ignore_eos=True, mode="tokenswift", speculation=spec,
-                         compile="on")
+    ts = engine.generate(
+        PROMPT, 500, sampling=PENALTY, ignore_eos=True, mode="tokenswift", speculation=spec, compile="on"
+    )
     assert ts.token_ids == ar.token_ids
     assert ts.stats["partial_cache_selections"] > 1 and ts.stats["compile"]["eager_forwards"] == 0
 
@@ -234,8 +248,8 @@ def test_auto_without_a_compiler_says_so_and_runs_eagerly(monkeypatch, tmp_path,
     """Where `auto` would compile (a device where it was measured to pay) but nothing can compile: one note line."""
     import io
 
-    from longswift import compiled
-    from longswift.cli_job import compiling
+    from longswift.cli.job import compiling
+    from longswift.model import compiled
 
     engine = fresh_engine(tiny_llama)
     monkeypatch.setitem(compiled.COMPILE_PAYS, "cpu", True)
@@ -243,6 +257,8 @@ def test_auto_without_a_compiler_says_so_and_runs_eagerly(monkeypatch, tmp_path,
     err = io.StringIO()
     with compiling(engine, err):
         result = engine.generate(PROMPT, 8, mode="ar")
-    assert err.getvalue() == ("longswift: note: not compiling (no C++ compiler on PATH (Inductor builds its kernels "
-                              "with one)); running eagerly\n")
+    assert err.getvalue() == (
+        "longswift: note: not compiling (no C++ compiler on PATH (Inductor builds its kernels "
+        "with one)); running eagerly\n"
+    )
     assert "compile" not in result.stats  # the plain model ran

@@ -10,9 +10,9 @@ import torch
 
 import longswift
 from longswift import SamplingConfig
-from longswift.cache import KVCache
-from longswift.checkpoint import Checkpoint
 from longswift.config import SpeculationConfig
+from longswift.model.cache import KVCache
+from longswift.model.checkpoint import Checkpoint
 
 from .conftest import ARCHS
 from .test_tokenswift import PROMPT, random_heads
@@ -61,6 +61,7 @@ def test_cuda_seeded_sampling_lockstep_and_resume(tiny_llama):
     for _ in stream:
         if len(stream.snapshot().generated_ids) > 50:
             break
-    resumed = engine.generate(PROMPT, 200, sampling=cfg, seed=4, ignore_eos=True, mode="tokenswift",
-                              resume=stream.snapshot())
+    resumed = engine.generate(
+        PROMPT, 200, sampling=cfg, seed=4, ignore_eos=True, mode="tokenswift", resume=stream.snapshot()
+    )
     assert resumed.token_ids == ar.token_ids

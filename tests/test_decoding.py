@@ -15,9 +15,16 @@ def hf_greedy(path, prompt_ids, n, penalty=1.0):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    out = model.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                         repetition_penalty=penalty, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt_ids):].tolist()
+    out = model.generate(
+        torch.tensor([prompt_ids]),
+        do_sample=False,
+        max_new_tokens=n,
+        min_new_tokens=n,
+        repetition_penalty=penalty,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt_ids) :].tolist()
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -35,10 +42,12 @@ def test_penalty_window_limits_what_is_penalised(tiny_llama):
     engine = longswift.load(tiny_llama, dtype="fp32")
     prompt = engine.encode("To be, or not to be")
     whole = engine.generate(prompt, 48, sampling=SamplingConfig(repetition_penalty=3.0), ignore_eos=True)
-    huge_window = engine.generate(prompt, 48, sampling=SamplingConfig(repetition_penalty=3.0, penalty_window=10_000),
-                                  ignore_eos=True)
-    short = engine.generate(prompt, 48, sampling=SamplingConfig(repetition_penalty=3.0, penalty_window=2),
-                            ignore_eos=True)
+    huge_window = engine.generate(
+        prompt, 48, sampling=SamplingConfig(repetition_penalty=3.0, penalty_window=10_000), ignore_eos=True
+    )
+    short = engine.generate(
+        prompt, 48, sampling=SamplingConfig(repetition_penalty=3.0, penalty_window=2), ignore_eos=True
+    )
     assert whole.token_ids == huge_window.token_ids
     assert short.token_ids != whole.token_ids
 
@@ -100,11 +109,12 @@ def test_transformers_streamer_receives_prompt_then_new_tokens(tiny_llama):
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_non_finite_logits_raise_instead_of_picking_a_token(bad, temperature):
+    from longswift.decode.sampling import TokenChooser
     from longswift.errors import NumericalError
-    from longswift.sampling import TokenChooser
 
-    chooser = TokenChooser(SamplingConfig(temperature=temperature, repetition_penalty=1.2),
-                           torch.Generator().manual_seed(0))
+    chooser = TokenChooser(
+        SamplingConfig(temperature=temperature, repetition_penalty=1.2), torch.Generator().manual_seed(0)
+    )
     context = torch.tensor([1, 2, 3])
     row = torch.randn(16)
     assert 0 <= chooser.choose(row, context) < 16

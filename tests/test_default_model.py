@@ -10,9 +10,9 @@ import torch
 
 import longswift
 from longswift import SamplingConfig
-from longswift.cache import NoCache
-from longswift.checkpoint import Checkpoint, default_model_dir
-from longswift.heads import read_meta
+from longswift.model.cache import NoCache
+from longswift.model.checkpoint import Checkpoint, default_model_dir
+from longswift.model.heads import read_meta
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,9 @@ def test_shipped_files_load_in_both_and_logits_agree(model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    ids = torch.tensor([tok("To be, or not to be, that is the question:\nWhether 'tis nobler in the mind")["input_ids"]])
+    ids = torch.tensor(
+        [tok("To be, or not to be, that is the question:\nWhether 'tis nobler in the mind")["input_ids"]]
+    )
     ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ours = Checkpoint.open(model_dir).load_model("cpu", torch.float32)
     with torch.no_grad():

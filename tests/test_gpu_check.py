@@ -9,8 +9,19 @@ from longswift.bench.device_check import Check, CheckConfig
 
 def test_the_gpu_check_runs_every_part_and_writes_one_json(tmp_path):
     out = tmp_path / "check.json"
-    cfg = CheckConfig(out=out, device="cpu", dtype="fp32", models=("qwen2.5-1.5b",), contexts=(64, 160), tiny=True,
-                      budget_s=600, ar_tokens=3, replay_tokens=24, identity_tokens=48, compile=False)
+    cfg = CheckConfig(
+        out=out,
+        device="cpu",
+        dtype="fp32",
+        models=("qwen2.5-1.5b",),
+        contexts=(64, 160),
+        tiny=True,
+        budget_s=600,
+        ar_tokens=3,
+        replay_tokens=24,
+        identity_tokens=48,
+        compile=False,
+    )
     Check(cfg).run()
     results = json.loads(out.read_text())
     assert results["skipped"] == []

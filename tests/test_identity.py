@@ -11,8 +11,8 @@ import torch
 
 from longswift import SamplingConfig
 from longswift.bench import BenchConfig, RunRecord, _check_identity, parse_methods
-from longswift.identity import NEAR_TIE_FP32, compare, near_tie_bound
-from longswift.sampling import TokenChooser
+from longswift.bench.identity import NEAR_TIE_FP32, compare, near_tie_bound
+from longswift.decode.sampling import TokenChooser
 
 from .test_tokenswift import PROMPT, engine_for
 

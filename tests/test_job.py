@@ -15,7 +15,7 @@ import pytest
 import longswift
 from longswift import SamplingConfig
 from longswift.cli import main
-from longswift.job import JobState
+from longswift.jobs.state import JobState
 
 from .test_tokenswift import random_heads
 
@@ -23,9 +23,32 @@ N = 1500
 
 
 def command(model: Path, heads: str, mode: str, sampling: list[str], out: Path, ckpt: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "longswift", "generate", "--model", str(model), "--heads", heads, "--mode", mode,
-            "--prompt", "It was the best of times", "--max-new-tokens", str(N), "--ignore-eos", "--output", str(out),
-            "--checkpoint", str(ckpt), "--checkpoint-every", "100", "--quiet", *sampling, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "longswift",
+        "generate",
+        "--model",
+        str(model),
+        "--heads",
+        heads,
+        "--mode",
+        mode,
+        "--prompt",
+        "It was the best of times",
+        "--max-new-tokens",
+        str(N),
+        "--ignore-eos",
+        "--output",
+        str(out),
+        "--checkpoint",
+        str(ckpt),
+        "--checkpoint-every",
+        "100",
+        "--quiet",
+        *sampling,
+        *extra,
+    ]
 
 
 def wait_for(predicate, timeout: float = 120.0) -> None:
@@ -43,12 +66,15 @@ def checkpoint_tokens(path: Path) -> int:
         return 0
 
 
-@pytest.mark.parametrize("mode,sampling,sig", [
-    ("tokenswift", ["--greedy"], signal.SIGINT),
-    ("tokenswift", ["--seed", "11"], signal.SIGTERM),
-    ("ar", ["--seed", "12"], signal.SIGINT),
-    ("ar", ["--greedy"], signal.SIGKILL),
-])
+@pytest.mark.parametrize(
+    "mode,sampling,sig",
+    [
+        ("tokenswift", ["--greedy"], signal.SIGINT),
+        ("tokenswift", ["--seed", "11"], signal.SIGTERM),
+        ("ar", ["--seed", "12"], signal.SIGINT),
+        ("ar", ["--greedy"], signal.SIGKILL),
+    ],
+)
 def test_interrupt_and_resume_equals_uninterrupted_run(mode, sampling, sig, tiny_llama, tmp_path):
     heads = random_heads(tiny_llama, 0)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -56,8 +82,9 @@ def test_interrupt_and_resume_equals_uninterrupted_run(mode, sampling, sig, tiny
     subprocess.run(command(tiny_llama, heads, mode, sampling, ref_out, ref_ckpt), check=True, env=env, timeout=600)
 
     out, ckpt = tmp_path / "out.txt", tmp_path / "job.json"
-    proc = subprocess.Popen(command(tiny_llama, heads, mode, sampling, out, ckpt), env=env,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        command(tiny_llama, heads, mode, sampling, out, ckpt), env=env, stderr=subprocess.PIPE, text=True
+    )
     wait_for(lambda: checkpoint_tokens(ckpt) >= 200 or proc.poll() is not None)
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=120)
@@ -68,8 +95,7 @@ def test_interrupt_and_resume_equals_uninterrupted_run(mode, sampling, sig, tiny
         assert "resume with --resume" in stderr and "Traceback" not in stderr
         assert out.read_text(encoding="utf-8") == JobState.load(ckpt).text  # synced before the checkpoint
 
-    subprocess.run(command(tiny_llama, heads, mode, sampling, out, ckpt, "--resume"), check=True, env=env,
-                   timeout=600)
+    subprocess.run(command(tiny_llama, heads, mode, sampling, out, ckpt, "--resume"), check=True, env=env, timeout=600)
     assert JobState.load(ckpt).generated_ids == JobState.load(ref_ckpt).generated_ids
     assert out.read_bytes() == ref_out.read_bytes()
 
@@ -85,9 +111,24 @@ def run(*argv: str) -> tuple[int, str]:
 @pytest.fixture
 def saved_job(tiny_llama, tmp_path) -> tuple[Path, list[str]]:
     ckpt = tmp_path / "job.json"
-    args = ["generate", "--model", str(tiny_llama), "--heads", random_heads(tiny_llama, 0), "--prompt", "It was",
-            "--max-new-tokens", "40", "--seed", "3", "--checkpoint", str(ckpt), "--output", str(tmp_path / "o.txt"),
-            "--quiet"]
+    args = [
+        "generate",
+        "--model",
+        str(tiny_llama),
+        "--heads",
+        random_heads(tiny_llama, 0),
+        "--prompt",
+        "It was",
+        "--max-new-tokens",
+        "40",
+        "--seed",
+        "3",
+        "--checkpoint",
+        str(ckpt),
+        "--output",
+        str(tmp_path / "o.txt"),
+        "--quiet",
+    ]
     assert run(*args)[0] == 0
     return ckpt, args
 
@@ -105,15 +146,18 @@ def test_corrupt_and_truncated_checkpoints_are_refused(saved_job):
     assert code == 2 and "integrity hash mismatch" in err
 
 
-@pytest.mark.parametrize("change,message", [
-    (["--seed", "4"], None),  # the seed is not part of the state: the saved generator state wins
-    (["--temperature", "0.5"], "sampling"),
-    (["--max-new-tokens", "41"], "max_new_tokens"),
-    (["--prompt", "It is"], "another prompt"),
-    (["--mode", "ar"], "another mode"),
-    (["--tree", "1,2"], None),  # speculation settings never change the tokens: resuming with others is fine
-    (["--lookup", "0", "--draft", "partial"], None),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (["--seed", "4"], None),  # the seed is not part of the state: the saved generator state wins
+        (["--temperature", "0.5"], "sampling"),
+        (["--max-new-tokens", "41"], "max_new_tokens"),
+        (["--prompt", "It is"], "another prompt"),
+        (["--mode", "ar"], "another mode"),
+        (["--tree", "1,2"], None),  # speculation settings never change the tokens: resuming with others is fine
+        (["--lookup", "0", "--draft", "partial"], None),
+    ],
+)
 def test_checkpoint_from_another_config_is_refused(change, message, saved_job):
     ckpt, args = saved_job
     changed = list(args)
@@ -147,10 +191,16 @@ def test_dry_run_prints_the_plan_and_impossible_jobs_fail_early(tiny_llama, monk
     import io
 
     out = io.StringIO()
-    assert main(["generate", "--model", str(tiny_llama), "--prompt", "x", "--max-new-tokens", "100", "--dry-run"],
-                out=out, err=io.StringIO()) == 0
+    assert (
+        main(
+            ["generate", "--model", str(tiny_llama), "--prompt", "x", "--max-new-tokens", "100", "--dry-run"],
+            out=out,
+            err=io.StringIO(),
+        )
+        == 0
+    )
     assert "full KV cache" in out.getvalue() and "available" in out.getvalue()
-    import longswift.memory as memory
+    import longswift.jobs.memory as memory
 
     monkeypatch.setattr(memory, "_available", lambda device: 1000)
     code, err = run("generate", "--model", str(tiny_llama), "--prompt", "x", "--max-new-tokens", "100")
@@ -162,7 +212,7 @@ def test_python_api_snapshot_and_resume(tiny_llama):
     cfg = SamplingConfig.paper()
     full = engine.generate("It was", 60, sampling=cfg, seed=2, ignore_eos=True)
     stream = engine.stream("It was", 60, sampling=cfg, seed=2, ignore_eos=True)
-    for piece in stream:
+    for _piece in stream:
         if len(stream.snapshot().generated_ids) > 20:
             break
     state = stream.snapshot()

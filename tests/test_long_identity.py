@@ -12,7 +12,7 @@ import pytest
 
 import longswift
 from longswift import SamplingConfig
-from longswift.identity import compare, near_tie_bound
+from longswift.bench.identity import compare, near_tie_bound
 
 from .test_tokenswift import PROMPT, random_heads
 

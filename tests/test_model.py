@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longswift.cache import KVCache
-from longswift.checkpoint import Checkpoint
-from longswift.decoding import prefill
+from longswift.decode.loop import prefill
+from longswift.model.cache import KVCache
+from longswift.model.checkpoint import Checkpoint
 
 from .conftest import ARCHS
 
@@ -51,7 +51,7 @@ def test_step_by_step_decoding_with_cache_matches_transformers(arch, checkpoint_
         model, cache = ours(path)
         prefill(model, cache, ids[:100])
         for i in range(100, 140):
-            hidden = model(ids[i: i + 1][None], torch.tensor([i]), cache)
+            hidden = model(ids[i : i + 1][None], torch.tensor([i]), cache)
             cache.commit()
             torch.testing.assert_close(model.logits(hidden[0, -1]), expected[i], atol=TOL, rtol=0)
 
@@ -78,7 +78,7 @@ def test_sliding_window_matches_transformers(checkpoint_factory):
         model, cache = ours(path)
         prefill(model, cache, ids[:50], chunk=16)
         for i in range(50, 90):
-            hidden = model(ids[i: i + 1][None], torch.tensor([i]), cache)
+            hidden = model(ids[i : i + 1][None], torch.tensor([i]), cache)
             cache.commit()
             torch.testing.assert_close(model.logits(hidden[0, -1]), expected[i], atol=TOL, rtol=0)
 
@@ -123,8 +123,15 @@ def test_qwen3_sliding_window_layers_are_refused():
     from longswift.config import ModelConfig
     from longswift.errors import CheckpointError
 
-    raw = dict(architectures=["Qwen3ForCausalLM"], vocab_size=8, hidden_size=8, intermediate_size=8,
-               num_hidden_layers=2, num_attention_heads=2, head_dim=4)
+    raw = dict(
+        architectures=["Qwen3ForCausalLM"],
+        vocab_size=8,
+        hidden_size=8,
+        intermediate_size=8,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        head_dim=4,
+    )
     assert ModelConfig.from_dict(raw).qk_norm and not ModelConfig.from_dict(raw).qkv_bias
     with pytest.raises(CheckpointError, match="Qwen3 with use_sliding_window=true is not supported"):
         ModelConfig.from_dict({**raw, "layer_types": ["full_attention", "sliding_attention"]})

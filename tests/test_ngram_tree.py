@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from longswift.ngram import NGramTable
-from longswift.tree import Trie
+from longswift.decode.ngram import NGramTable
+from longswift.decode.tree import Trie
 
 
 def test_ngram_counts_are_exact_and_ties_keep_first_sight_order():
@@ -26,10 +26,10 @@ def test_ngram_table_matches_brute_force_counting():
     seq = torch.randint(0, 4, (500,), generator=g).tolist()
     table = NGramTable(3)
     for lo in range(0, 500, 37):
-        table.add(seq[lo: lo + 37])
+        table.add(seq[lo : lo + 37])
     brute: dict[tuple[int, ...], int] = {}
     for i in range(len(seq) - 2):
-        brute[tuple(seq[i: i + 3])] = brute.get(tuple(seq[i: i + 3]), 0) + 1
+        brute[tuple(seq[i : i + 3])] = brute.get(tuple(seq[i : i + 3]), 0) + 1
     for gram, count in brute.items():
         assert table.count(gram) == count
     assert len(table) == len(brute)

@@ -21,22 +21,28 @@ import torch
 
 import longswift
 from longswift import SamplingConfig
-from longswift.checkpoint import Checkpoint
+from longswift.bench.identity import NEAR_TIE_FP32, compare
 from longswift.cli import main
-from longswift.identity import NEAR_TIE_FP32, compare
-from longswift.job import JobState
+from longswift.jobs.state import JobState
+from longswift.model.checkpoint import Checkpoint
 from longswift.parallel import TensorParallel, shard_config, valid_splits
 from longswift.parallel.tensor import _shard
 
 from .test_tokenswift import random_heads
 
 HERE = Path(__file__).parent
-ENV = {**os.environ, "OMP_NUM_THREADS": "1",
-       "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")])}
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")]),
+}
 PROMPT = "It was the best of times"
-CASES = [{"mode": "ar", "sample": False, "n": 500}, {"mode": "tokenswift", "sample": False, "n": 500},
-         {"mode": "tokenswift", "sample": True, "n": 300, "seed": 3},
-         {"mode": "ar", "sample": True, "n": 200, "seed": 4}]
+CASES = [
+    {"mode": "ar", "sample": False, "n": 500},
+    {"mode": "tokenswift", "sample": False, "n": 500},
+    {"mode": "tokenswift", "sample": True, "n": 300, "seed": 3},
+    {"mode": "ar", "sample": True, "n": 200, "seed": 4},
+]
 
 
 def torchrun(*argv: str, n: int = 2) -> list[str]:
@@ -52,8 +58,14 @@ def test_tp2_equals_tp1_with_half_the_weights_per_rank(arch, checkpoint_factory,
     model = checkpoint_factory(arch)
     heads = random_heads(model, 0)
     spec = {"model": str(model), "heads": heads, "prompt": PROMPT, "cases": CASES, "out": str(tmp_path)}
-    proc = subprocess.run(torchrun(str(HERE / "tp_worker.py"), json.dumps(spec)), env=ENV, capture_output=True,
-                          text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        torchrun(str(HERE / "tp_worker.py"), json.dumps(spec)),
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
@@ -65,8 +77,15 @@ def test_tp2_equals_tp1_with_half_the_weights_per_rank(arch, checkpoint_factory,
     for case, run0, run1 in zip(CASES, ranks[0]["runs"], ranks[1]["runs"]):
         assert run0["tokens"] == run1["tokens"], f"ranks decided differently in {case}"
         sampling = SamplingConfig.paper() if case["sample"] else SamplingConfig(temperature=0)
-        ref = engine.generate(PROMPT, case["n"], sampling=sampling, seed=case.get("seed"), mode=case["mode"],
-                              ignore_eos=True, record_margins=True)
+        ref = engine.generate(
+            PROMPT,
+            case["n"],
+            sampling=sampling,
+            seed=case.get("seed"),
+            mode=case["mode"],
+            ignore_eos=True,
+            record_margins=True,
+        )
         comparison = compare(ref.token_ids, run0["tokens"], ref.margins, NEAR_TIE_FP32)
         # Only a classified numerical near-tie may separate the runs; on these models none occurred.
         assert comparison.kind in ("identical", "near-tie"), f"{arch} {case}: {comparison.describe()}"
@@ -95,8 +114,10 @@ def test_invalid_splits_are_refused_before_loading(tiny_llama, tmp_path):
     assert valid_splits(Checkpoint.open(tiny_llama).config) == [1, 2]  # 6 heads, 2 KV heads
     err = io.StringIO()
     code = main(["generate", "--model", str(tiny_llama), "--prompt", "x", "--tp", "4"], err=err)
-    assert code == 2 and err.getvalue() == ("longswift: error: --tp 4 cannot split this model: num_attention_heads=6 "
-                                            "is not divisible by 4; valid --tp values: 1, 2\n")
+    assert code == 2 and err.getvalue() == (
+        "longswift: error: --tp 4 cannot split this model: num_attention_heads=6 "
+        "is not divisible by 4; valid --tp values: 1, 2\n"
+    )
     err = io.StringIO()
     code = main(["generate", "--model", str(tiny_llama), "--prompt", "x", "--tp", "2"], err=err)
     assert code == 2 and "needs a multiple of 2 processes" in err.getvalue() and "torchrun" in err.getvalue()
@@ -105,8 +126,25 @@ def test_invalid_splits_are_refused_before_loading(tiny_llama, tmp_path):
 def test_dry_run_from_config_json_alone_with_a_per_rank_plan(tiny_llama, tmp_path):
     (tmp_path / "config.json").write_text((tiny_llama / "config.json").read_text())  # no weights, no tokenizer
     out = io.StringIO()
-    assert main(["generate", "--model", str(tmp_path), "--prompt", "hello", "--max-new-tokens", "1000",
-                 "--dry-run", "--tp", "2"], out=out, err=io.StringIO()) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(tmp_path),
+                "--prompt",
+                "hello",
+                "--max-new-tokens",
+                "1000",
+                "--dry-run",
+                "--tp",
+                "2",
+            ],
+            out=out,
+            err=io.StringIO(),
+        )
+        == 0
+    )
     text = out.getvalue()
     assert "per rank of --tp 2" in text and "--tp 1" in text and "smallest --tp that fits" in text
     assert "5 tokens at most" in text
@@ -127,9 +165,32 @@ def test_tp_size_mismatch_is_refused_on_resume(tiny_llama):
 
 
 def generate_tp2(model: Path, heads: str, out: Path, ckpt: Path, *extra: str) -> list[str]:
-    return torchrun("-m", "longswift", "generate", "--model", str(model), "--heads", heads, "--tp", "2",
-                    "--prompt", PROMPT, "--max-new-tokens", "250", "--ignore-eos", "--seed", "5", "--output", str(out),
-                    "--checkpoint", str(ckpt), "--checkpoint-every", "30", "--quiet", *extra)
+    return torchrun(
+        "-m",
+        "longswift",
+        "generate",
+        "--model",
+        str(model),
+        "--heads",
+        heads,
+        "--tp",
+        "2",
+        "--prompt",
+        PROMPT,
+        "--max-new-tokens",
+        "250",
+        "--ignore-eos",
+        "--seed",
+        "5",
+        "--output",
+        str(out),
+        "--checkpoint",
+        str(ckpt),
+        "--checkpoint-every",
+        "30",
+        "--quiet",
+        *extra,
+    )
 
 
 def test_sigint_and_resume_at_tp2_equals_an_uninterrupted_run(tiny_llama, tmp_path):
@@ -148,9 +209,30 @@ def test_sigint_and_resume_at_tp2_equals_an_uninterrupted_run(tiny_llama, tmp_pa
     assert out.read_text(encoding="utf-8") == JobState.load(ckpt).text
     assert JobState.load(ckpt).config["tp"] == 2
     err = io.StringIO()  # a TP=2 checkpoint is refused at TP=1, in one line
-    code = main(["generate", "--model", str(tiny_llama), "--heads", heads, "--prompt", PROMPT, "--max-new-tokens",
-                 "250", "--ignore-eos", "--seed", "5", "--output", str(tmp_path / "x.txt"), "--checkpoint", str(ckpt),
-                 "--resume", "--quiet"], out=io.StringIO(), err=err)
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(tiny_llama),
+            "--heads",
+            heads,
+            "--prompt",
+            PROMPT,
+            "--max-new-tokens",
+            "250",
+            "--ignore-eos",
+            "--seed",
+            "5",
+            "--output",
+            str(tmp_path / "x.txt"),
+            "--checkpoint",
+            str(ckpt),
+            "--resume",
+            "--quiet",
+        ],
+        out=io.StringIO(),
+        err=err,
+    )
     assert code == 2 and "resume it with --tp 2" in err.getvalue() and err.getvalue().count("\n") == 1
     run_ok(generate_tp2(tiny_llama, heads, out, ckpt, "--resume"))
     assert JobState.load(ckpt).generated_ids == JobState.load(ref_ckpt).generated_ids
@@ -170,17 +252,35 @@ def _tokens(path: Path) -> int:
         return 0
 
 
-BATCH = [{"id": "first", "prompt": "It was the best of times"},
-         {"id": "second", "prompt": "To be, or not to be", "seed": 7},
-         {"id": "bad", "prompt": "x" * 5000},  # longer than the model's 4,096 positions: fails alone
-         {"prompt": "whether 'tis nobler in the mind", "max_new_tokens": 900},
-         {"id": "fifth", "prompt": "the age of wisdom"}]
+BATCH = [
+    {"id": "first", "prompt": "It was the best of times"},
+    {"id": "second", "prompt": "To be, or not to be", "seed": 7},
+    {"id": "bad", "prompt": "x" * 5000},  # longer than the model's 4,096 positions: fails alone
+    {"prompt": "whether 'tis nobler in the mind", "max_new_tokens": 900},
+    {"id": "fifth", "prompt": "the age of wisdom"},
+]
 
 
 def batch_argv(model: Path, heads: str, prompts: Path, out_dir: Path) -> list[str]:
-    return ["generate-batch", "--model", str(model), "--heads", heads, "--prompts", str(prompts), "--out-dir",
-            str(out_dir), "--max-new-tokens", "1200", "--ignore-eos", "--seed", "1", "--checkpoint-every", "100",
-            "--quiet"]
+    return [
+        "generate-batch",
+        "--model",
+        str(model),
+        "--heads",
+        heads,
+        "--prompts",
+        str(prompts),
+        "--out-dir",
+        str(out_dir),
+        "--max-new-tokens",
+        "1200",
+        "--ignore-eos",
+        "--seed",
+        "1",
+        "--checkpoint-every",
+        "100",
+        "--quiet",
+    ]
 
 
 def test_batch_over_two_processes_killed_and_rerun_equals_one_process(tiny_llama, tmp_path):
@@ -251,7 +351,8 @@ def test_an_uneven_vocabulary_is_padded_on_the_last_rank(tmp_path):
     weight = torch.arange(15, dtype=torch.float32).reshape(5, 3)  # 5 rows over 2 ranks: 3 + 2 (+ 1 zero row)
     save_file({"lm_head.weight": weight}, str(tmp_path / "w.safetensors"))
     with safe_open(str(tmp_path / "w.safetensors"), framework="pt") as f:
-        parts = [_shard("lm_head.weight", f.get_slice("lm_head.weight"), TensorParallel(2, r, lead=0))
-                 for r in range(2)]
+        parts = [
+            _shard("lm_head.weight", f.get_slice("lm_head.weight"), TensorParallel(2, r, lead=0)) for r in range(2)
+        ]
     assert [tuple(p.shape) for p in parts] == [(3, 3), (3, 3)]
     assert torch.equal(torch.cat(parts)[:5], weight) and not parts[1][2].any()

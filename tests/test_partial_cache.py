@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import torch
 
-from longswift.cache import KVCache
 from longswift.config import ModelConfig
-from longswift.model import QueryLog
-from longswift.partial_cache import PartialCache
+from longswift.model.cache import KVCache
+from longswift.model.partial_cache import PartialCache
+from longswift.model.transformer import QueryLog
 
-CFG = ModelConfig(architecture="LlamaForCausalLM", vocab_size=10, hidden_size=16, intermediate_size=8,
-                  num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4, max_position_embeddings=512)
+CFG = ModelConfig(
+    architecture="LlamaForCausalLM",
+    vocab_size=10,
+    hidden_size=16,
+    intermediate_size=8,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=4,
+    max_position_embeddings=512,
+)
 
 
 def filled_full_cache(n: int, seed: int = 0) -> tuple[KVCache, QueryLog]:
@@ -79,7 +88,7 @@ def test_recent_rows_overwrite_the_least_important_slots_then_trigger_reselectio
         partial.advance(5)
         after = keys(partial, 1)
         lo = 24 - 5 * (step + 1)
-        assert torch.equal(after[:, lo: lo + 5], new[0])  # weakest slots overwritten first
+        assert torch.equal(after[:, lo : lo + 5], new[0])  # weakest slots overwritten first
         assert torch.equal(after[:, :lo], before[:, :lo])  # more important slots untouched
     assert not partial.room_for(1)  # the next recent row would reach the sinks: reselect
     partial.select(full, log)

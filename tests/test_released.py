@@ -17,14 +17,13 @@ from safetensors.torch import load_file, save_file
 
 import longswift
 from longswift import SamplingConfig, SpeculationConfig
-from longswift.checkpoint import Checkpoint
 from longswift.cli import main
-from longswift.released import BLOCKS_FILE, load_embedded
-from longswift.drafting import Draft, _HeadsTop
+from longswift.decode.drafting import Draft, _HeadsTop
+from longswift.model.checkpoint import Checkpoint
+from longswift.model.released import BLOCKS_FILE, load_embedded
 from longswift.train import TrainConfig, train_heads
 
-TEXT = "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of " \
-       "foolishness. "
+TEXT = "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of foolishness. "
 PROMPT = "It was the best of times, it was the worst of times"
 SPEC = SpeculationConfig(tree=(1, 2, 2, 2), ngram_topk=4, kv_budget=48, sink_tokens=4)
 GREEDY = SamplingConfig(repetition_penalty=1.3, penalty_window=64)
@@ -42,8 +41,19 @@ def _trained_and_released(base: Path, root: Path) -> tuple[Path, Path]:
     data = root / "data.txt"
     data.write_text(TEXT * 40, encoding="utf-8")
     heads = root / "trained.safetensors"
-    train_heads(TrainConfig(model=base, data=(data,), out=heads, steps=12, seq_len=64, batch_size=2, lr=5e-2,
-                            warmup=2, checkpoint_every=0))
+    train_heads(
+        TrainConfig(
+            model=base,
+            data=(data,),
+            out=heads,
+            steps=12,
+            seq_len=64,
+            batch_size=2,
+            lr=5e-2,
+            warmup=2,
+            checkpoint_every=0,
+        )
+    )
     released = root / "released"
     code, _, err = run("export-heads", "--model", str(base), "--heads", str(heads), "--out-dir", str(released))
     assert code == 0, err
@@ -92,9 +102,9 @@ def _same_run(a: dict, b: dict) -> None:
 
 
 @pytest.mark.parametrize("arch", ["llama_gqa_llama3", "qwen3"])
-def test_embedded_blocks_draft_exactly_like_the_heads_file_and_output_equals_ar(arch, checkpoint_factory,
-                                                                                released_llama, tmp_path,
-                                                                                monkeypatch):
+def test_embedded_blocks_draft_exactly_like_the_heads_file_and_output_equals_ar(
+    arch, checkpoint_factory, released_llama, tmp_path, monkeypatch
+):
     if arch == "llama_gqa_llama3":
         base, heads, released = released_llama
     else:
@@ -125,12 +135,23 @@ def test_embedded_blocks_draft_exactly_like_the_heads_file_and_output_equals_ar(
 def test_cli_picks_up_embedded_blocks_and_an_explicit_heads_file_wins_and_says_so(released_llama, tmp_path):
     _, heads, released = released_llama
     stats = tmp_path / "s.json"
-    common = ("--prompt", PROMPT, "--max-new-tokens", "24", "--greedy", "--ignore-eos", "--stats-json", str(stats),
-              "--device", "cpu")
+    common = (
+        "--prompt",
+        PROMPT,
+        "--max-new-tokens",
+        "24",
+        "--greedy",
+        "--ignore-eos",
+        "--stats-json",
+        str(stats),
+        "--device",
+        "cpu",
+    )
     code, _, err = run("generate", "--model", str(released), *common)
     assert code == 0, err
-    assert json.loads(stats.read_text())["mode"] == "tokenswift" and json.loads(stats.read_text())["heads"] == \
-        "embedded"
+    assert (
+        json.loads(stats.read_text())["mode"] == "tokenswift" and json.loads(stats.read_text())["heads"] == "embedded"
+    )
     assert "note" not in err
     other = tmp_path / "other.safetensors"
     shutil.copy(heads, other)
@@ -174,10 +195,14 @@ def test_export_heads_refusals_are_one_line(released_llama, checkpoint_factory, 
     foreign = checkpoint_factory("qwen2_bias")
     cases = [
         (("--model", str(base), "--out", str(tmp_path / "h.safetensors")), "holds no draft blocks"),
-        (("--model", str(released), "--heads", str(heads), "--out-dir", str(tmp_path / "x")),
-         "already holds draft blocks"),
-        (("--model", str(foreign), "--heads", str(heads), "--out-dir", str(tmp_path / "y")),
-         "trained for another model"),
+        (
+            ("--model", str(released), "--heads", str(heads), "--out-dir", str(tmp_path / "x")),
+            "already holds draft blocks",
+        ),
+        (
+            ("--model", str(foreign), "--heads", str(heads), "--out-dir", str(tmp_path / "y")),
+            "trained for another model",
+        ),
         (("--model", str(base), "--heads", str(heads), "--out-dir", str(released)), "is not an empty directory"),
         (("--model", str(base), "--out-dir", str(tmp_path / "z")), "--out-dir needs --heads FILE"),
         (("--model", str(base), "--out", str(tmp_path / "o"), "--out-dir", str(tmp_path / "z")), "not allowed with"),
@@ -208,27 +233,51 @@ def _without(name):
 
 
 MALFORMED = {
-    "missing_tensor": (dict(tensors=_without("model.medusa_layers.1.post_layernorm.weight")),
-                       "draft block 1 in {dir} lacks model.medusa_layers.1.post_layernorm.weight"),
-    "wrong_shape": (dict(tensors=lambda t: {**t, "model.medusa_layers.0.linear.weight":
-                                            t["model.medusa_layers.0.linear.weight"][:, :64].contiguous()}),
-                    "model.medusa_layers.0.linear.weight in {dir} has shape (72, 64); hidden size 72 needs (72, 72)"),
-    "wrong_norm_shape": (dict(tensors=lambda t: {**t, "model.medusa_layers.2.input_layernorm.weight": torch.ones(8)}),
-                         "model.medusa_layers.2.input_layernorm.weight in {dir} has shape (8,)"),
-    "bias": (dict(tensors=lambda t: {**t, "model.medusa_layers.0.linear.bias": torch.zeros(72)}),
-             "model.medusa_layers.0.linear.bias in {dir}: TokenSwift draft blocks have no bias terms"),
-    "unexpected": (dict(tensors=lambda t: {**t, "model.medusa_layers.0.gate.weight": torch.zeros(72)}),
-                   "unexpected tensor model.medusa_layers.0.gate.weight in {dir}"),
-    "fewer_declared": (dict(config=lambda c: {**c, "medusa_heads": 2}),
-                       "config.json says medusa_heads=2 but the weights in {dir} hold draft blocks 0, 1, 2"),
-    "more_declared": (dict(config=lambda c: {**c, "medusa_heads": 4}),
-                      "config.json says medusa_heads=4 but the weights in {dir} hold draft blocks 0, 1, 2"),
-    "undeclared": (dict(config=lambda c: {k: v for k, v in c.items() if k != "medusa_heads"}),
-                   "weights in {dir} hold 3 draft blocks (model.medusa_layers.*) but config.json has no medusa_heads"),
-    "no_tensors": (dict(tensors=lambda t: {"unrelated.weight": torch.zeros(1)}),
-                   "config.json says medusa_heads=3 but the weights in {dir} hold draft blocks none"),
-    "bad_count": (dict(config=lambda c: {**c, "medusa_heads": "three"}),
-                  "config.json has medusa_heads='three'; expected the number of draft blocks (>= 1)"),
+    "missing_tensor": (
+        dict(tensors=_without("model.medusa_layers.1.post_layernorm.weight")),
+        "draft block 1 in {dir} lacks model.medusa_layers.1.post_layernorm.weight",
+    ),
+    "wrong_shape": (
+        dict(
+            tensors=lambda t: {
+                **t,
+                "model.medusa_layers.0.linear.weight": t["model.medusa_layers.0.linear.weight"][:, :64].contiguous(),
+            }
+        ),
+        "model.medusa_layers.0.linear.weight in {dir} has shape (72, 64); hidden size 72 needs (72, 72)",
+    ),
+    "wrong_norm_shape": (
+        dict(tensors=lambda t: {**t, "model.medusa_layers.2.input_layernorm.weight": torch.ones(8)}),
+        "model.medusa_layers.2.input_layernorm.weight in {dir} has shape (8,)",
+    ),
+    "bias": (
+        dict(tensors=lambda t: {**t, "model.medusa_layers.0.linear.bias": torch.zeros(72)}),
+        "model.medusa_layers.0.linear.bias in {dir}: TokenSwift draft blocks have no bias terms",
+    ),
+    "unexpected": (
+        dict(tensors=lambda t: {**t, "model.medusa_layers.0.gate.weight": torch.zeros(72)}),
+        "unexpected tensor model.medusa_layers.0.gate.weight in {dir}",
+    ),
+    "fewer_declared": (
+        dict(config=lambda c: {**c, "medusa_heads": 2}),
+        "config.json says medusa_heads=2 but the weights in {dir} hold draft blocks 0, 1, 2",
+    ),
+    "more_declared": (
+        dict(config=lambda c: {**c, "medusa_heads": 4}),
+        "config.json says medusa_heads=4 but the weights in {dir} hold draft blocks 0, 1, 2",
+    ),
+    "undeclared": (
+        dict(config=lambda c: {k: v for k, v in c.items() if k != "medusa_heads"}),
+        "weights in {dir} hold 3 draft blocks (model.medusa_layers.*) but config.json has no medusa_heads",
+    ),
+    "no_tensors": (
+        dict(tensors=lambda t: {"unrelated.weight": torch.zeros(1)}),
+        "config.json says medusa_heads=3 but the weights in {dir} hold draft blocks none",
+    ),
+    "bad_count": (
+        dict(config=lambda c: {**c, "medusa_heads": "three"}),
+        "config.json has medusa_heads='three'; expected the number of draft blocks (>= 1)",
+    ),
 }
 
 
@@ -250,8 +299,11 @@ def test_embedded_heads_fingerprint_is_stable_and_tells_heads_apart(released_lla
     ckpt = Checkpoint.open(released)
     first = load_embedded(ckpt, "fp").fingerprint
     assert first == load_embedded(ckpt, "fp", dtype=torch.bfloat16).fingerprint
-    nudged = _mutated(released, tmp_path / "nudged", tensors=lambda t: {
-        **t, "model.medusa_layers.2.linear.weight": t["model.medusa_layers.2.linear.weight"] + 1e-3})
+    nudged = _mutated(
+        released,
+        tmp_path / "nudged",
+        tensors=lambda t: {**t, "model.medusa_layers.2.linear.weight": t["model.medusa_layers.2.linear.weight"] + 1e-3},
+    )
     assert load_embedded(Checkpoint.open(nudged), "fp").fingerprint != first
 
     engine = longswift.load(released, device="cpu", dtype="fp32")
@@ -260,20 +312,32 @@ def test_embedded_heads_fingerprint_is_stable_and_tells_heads_apart(released_lla
     next(pieces)
     state = stream.snapshot()
     resumed = longswift.load(released, device="cpu", dtype="fp32").generate(
-        PROMPT, 20, sampling=GREEDY, ignore_eos=True, speculation=SPEC, resume=state)
-    assert resumed.token_ids == engine.generate(PROMPT, 20, sampling=GREEDY, ignore_eos=True,
-                                                speculation=SPEC).token_ids
+        PROMPT, 20, sampling=GREEDY, ignore_eos=True, speculation=SPEC, resume=state
+    )
+    assert (
+        resumed.token_ids == engine.generate(PROMPT, 20, sampling=GREEDY, ignore_eos=True, speculation=SPEC).token_ids
+    )
     with pytest.raises(longswift.ResumeError, match="another heads"):
         longswift.load(nudged, device="cpu", dtype="fp32").generate(
-            PROMPT, 20, sampling=GREEDY, ignore_eos=True, speculation=SPEC, resume=state)
+            PROMPT, 20, sampling=GREEDY, ignore_eos=True, speculation=SPEC, resume=state
+        )
 
 
 def test_bench_runs_a_released_checkpoint_without_heads(released_llama, tmp_path):
     from longswift.bench import BenchConfig, parse_methods, run_bench
 
     _, _, released = released_llama
-    cfg = BenchConfig(tuple(parse_methods("ar,tokenswift:tree=1-2,k=4,budget=32,sink=4")), (16,), tmp_path / "out",
-                      model=released, prompt_len=32, device="cpu", dtype="fp32", warmup_tokens=2, curve_points=10)
+    cfg = BenchConfig(
+        tuple(parse_methods("ar,tokenswift:tree=1-2,k=4,budget=32,sink=4")),
+        (16,),
+        tmp_path / "out",
+        model=released,
+        prompt_len=32,
+        device="cpu",
+        dtype="fp32",
+        warmup_tokens=2,
+        curve_points=10,
+    )
     report = run_bench(cfg)
     assert report.environment["heads"] == "embedded"
     assert report.summary("tokenswift:tree=1-2,k=4,budget=32,sink=4", 16).identical is True

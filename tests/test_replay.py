@@ -6,8 +6,8 @@ import pytest
 
 from longswift import SamplingConfig, SpeculationConfig
 from longswift.bench.methods import Replay, parse_methods
+from longswift.decode.replay import ReplayDrafter
 from longswift.errors import ConfigError
-from longswift.replay import ReplayDrafter
 
 from .test_tokenswift import N_LONG, PROMPT, ar_ids, engine_for
 
@@ -17,8 +17,9 @@ PENALTY = SamplingConfig(repetition_penalty=1.3, penalty_window=64)
 def replay_run(engine, reference, accept, depth, n, sampling=PENALTY, seed=None):
     spec = SpeculationConfig(draft="fused", tree=(1,) * depth, ngram_topk=0, lookup=0, candidates="all")
     drafter = ReplayDrafter(reference, accept, depth, engine.model.cfg.vocab_size, seed=3)
-    return engine.generate(PROMPT, n, sampling=sampling, seed=seed, ignore_eos=True, mode="tokenswift",
-                           speculation=spec, drafter=drafter)
+    return engine.generate(
+        PROMPT, n, sampling=sampling, seed=seed, ignore_eos=True, mode="tokenswift", speculation=spec, drafter=drafter
+    )
 
 
 @pytest.mark.parametrize("accept", [0.0, 0.4, 0.8, 1.0])
@@ -48,12 +49,14 @@ def test_replay_bench_options():
     assert replay.replay == Replay(0.4, 6) and replay.compile == "on"
     assert replay.speculation.tree == (1,) * 6 and replay.speculation.lookup == 0
     assert parse_methods("ar:compile=off")[0].compile == "off"
-    for bad, message in [("tokenswift:drafter=replay,accept=2", "probability"),
-                         ("tokenswift:drafter=replay,tree=1-2", "takes accept, depth"),
-                         ("tokenswift:accept=0.5", "go with drafter=replay"),
-                         ("tokenswift:drafter=magic", "use heads or replay"),
-                         ("ar:compile=yes", "use auto, on or off"),
-                         ("ar:tree=1", "only the option compile")]:
+    for bad, message in [
+        ("tokenswift:drafter=replay,accept=2", "probability"),
+        ("tokenswift:drafter=replay,tree=1-2", "takes accept, depth"),
+        ("tokenswift:accept=0.5", "go with drafter=replay"),
+        ("tokenswift:drafter=magic", "use heads or replay"),
+        ("ar:compile=yes", "use auto, on or off"),
+        ("ar:tree=1", "only the option compile"),
+    ]:
         with pytest.raises(ConfigError, match=message):
             parse_methods(bad)
 

@@ -8,16 +8,15 @@ same test, which shows it has the power to fail.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from scipy.stats import chisquare
 
 import longswift
 from longswift import SamplingConfig
-from longswift.cache import NoCache
 from longswift.config import SpeculationConfig
-from longswift.sampling import TokenChooser
+from longswift.decode.sampling import TokenChooser
+from longswift.model.cache import NoCache
 
 from .test_tokenswift import random_heads
 
@@ -49,12 +48,16 @@ PAPER = SpeculationConfig(tree=(1, 3, 3, 3), ngram_topk=20)
 FUSED = SpeculationConfig(tree=(3, 3, 3), ngram_topk=20, lookup=4, draft="fused")
 
 
-def sample_counts(engine, sampling, mode: str, seed0: int,
-                  spec: SpeculationConfig = PAPER) -> dict[tuple[int, ...], int]:
+def sample_counts(
+    engine, sampling, mode: str, seed0: int, spec: SpeculationConfig = PAPER
+) -> dict[tuple[int, ...], int]:
     counts: dict[tuple[int, ...], int] = {}
     for seed in range(seed0, seed0 + SAMPLES):
-        out = tuple(engine.generate(PROMPT, M, sampling=sampling, seed=seed, ignore_eos=True, mode=mode,
-                                    speculation=spec).token_ids)
+        out = tuple(
+            engine.generate(
+                PROMPT, M, sampling=sampling, seed=seed, ignore_eos=True, mode=mode, speculation=spec
+            ).token_ids
+        )
         counts[out] = counts.get(out, 0) + 1
     return counts
 
@@ -86,15 +89,19 @@ SETTINGS = {
 }
 
 
-@pytest.mark.parametrize("name,spec", [("plain", PAPER), ("penalty", PAPER), ("penalty", FUSED)],
-                         ids=["plain-paper", "penalty-paper", "penalty-fused"])
+@pytest.mark.parametrize(
+    "name,spec",
+    [("plain", PAPER), ("penalty", PAPER), ("penalty", FUSED)],
+    ids=["plain-paper", "penalty-paper", "penalty-fused"],
+)
 def test_tokenswift_samples_follow_the_exact_ar_joint(name, spec, engine):
     joint = exact_joint(engine, SETTINGS[name])
     counts = sample_counts(engine, SETTINGS[name], "tokenswift", seed0=10_000, spec=spec)
     assert gof_pvalue(counts, joint) > 1e-3
     # the speculation did accept drafts, so the walk (not just the bonus token) was exercised
-    stats = engine.generate(PROMPT, 64, sampling=SETTINGS[name], seed=1, ignore_eos=True, mode="tokenswift",
-                            speculation=spec).stats
+    stats = engine.generate(
+        PROMPT, 64, sampling=SETTINGS[name], seed=1, ignore_eos=True, mode="tokenswift", speculation=spec
+    ).stats
     assert stats["mean_accepted"] > 1.2
 
 
@@ -110,6 +117,5 @@ def test_seeded_tokenswift_and_ar_consume_randomness_in_lockstep(engine):
     """One uniform per emitted token in both modes: the same seed gives the same tokens (fp32, no ties)."""
     for seed in range(20):
         a = engine.generate(PROMPT, 40, sampling=SETTINGS["penalty"], seed=seed, ignore_eos=True, mode="ar")
-        b = engine.generate(PROMPT, 40, sampling=SETTINGS["penalty"], seed=seed, ignore_eos=True,
-                            mode="tokenswift")
+        b = engine.generate(PROMPT, 40, sampling=SETTINGS["penalty"], seed=seed, ignore_eos=True, mode="tokenswift")
         assert a.token_ids == b.token_ids

@@ -24,9 +24,9 @@ import pytest
 import uvicorn
 
 import longswift
-from longswift.checkpoint import default_model_dir
 from longswift.cli import main
-from longswift.job import JobState
+from longswift.jobs.state import JobState
+from longswift.model.checkpoint import default_model_dir
 from longswift.serve import ServeConfig
 from longswift.serve.app import create_app
 from longswift.serve.protocol import StopTrimmer
@@ -94,8 +94,11 @@ def idle(server):
 def generate_cli(tmp_path: Path, *flags: str) -> str:
     """What `longswift generate` writes for PROMPT with these flags (the reference every answer must equal)."""
     out = tmp_path / f"ref-{abs(hash(flags))}.txt"
-    code = main(["generate", "--prompt", PROMPT, "--output", str(out), "--quiet", *flags], out=io.StringIO(),
-                err=(err := io.StringIO()))
+    code = main(
+        ["generate", "--prompt", PROMPT, "--output", str(out), "--quiet", *flags],
+        out=io.StringIO(),
+        err=(err := io.StringIO()),
+    )
     assert code == 0, err.getvalue()
     return out.read_text(encoding="utf-8")
 
@@ -109,24 +112,30 @@ SETTINGS = {  # request fields, the same settings as `longswift generate` flags
 @pytest.fixture(scope="module")
 def references(tmp_path_factory) -> dict[str, str]:
     tmp = tmp_path_factory.mktemp("refs")
-    return {name: generate_cli(tmp, "--max-new-tokens", str(N), "--ignore-eos", *flags)
-            for name, (_, flags) in SETTINGS.items()}
+    return {
+        name: generate_cli(tmp, "--max-new-tokens", str(N), "--ignore-eos", *flags)
+        for name, (_, flags) in SETTINGS.items()
+    }
 
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 def test_completion_equals_longswift_generate(setting, idle, references):
     fields, _ = SETTINGS[setting]
     client = idle.client()
-    answer = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=N, extra_body={"ignore_eos": True},
-                                       **fields)
+    answer = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=N, extra_body={"ignore_eos": True}, **fields
+    )
     assert answer.choices[0].text == references[setting]
     assert answer.choices[0].finish_reason == "length"
     assert answer.usage.completion_tokens == N and answer.usage.prompt_tokens > 0
     stats = answer.model_extra["longswift"]
     assert stats["mode"] == "tokenswift" and stats["new_tokens"] == N and stats["mean_accepted"] >= 1
 
-    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=N, stream=True,
-                                            extra_body={"ignore_eos": True}, **fields))
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=N, stream=True, extra_body={"ignore_eos": True}, **fields
+        )
+    )
     texts = [c.choices[0].text for c in chunks]
     assert "".join(texts) == references[setting]
     assert len(chunks) > 10 and all(texts[:-1])  # one chunk per accepted block, the last one carries usage
@@ -138,11 +147,18 @@ def test_completion_equals_longswift_generate(setting, idle, references):
 def test_stop_strings_end_the_text_before_them(idle, references):
     ref = references["greedy"]
     stop = ref[120:126]  # a string that first occurs at or before 120: generation must stop there
-    expected = ref[:ref.find(stop)]
+    expected = ref[: ref.find(stop)]
     client = idle.client()
     for stream in (False, True):
-        answer = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=N, temperature=0, stream=stream,
-                                           stop=["never in this text", stop], extra_body={"ignore_eos": True})
+        answer = client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=N,
+            temperature=0,
+            stream=stream,
+            stop=["never in this text", stop],
+            extra_body={"ignore_eos": True},
+        )
         chunks = list(answer) if stream else [answer]
         assert "".join(c.choices[0].text for c in chunks) == expected
         assert chunks[-1].choices[0].finish_reason == "stop"
@@ -170,8 +186,9 @@ def test_api_key_is_required(idle):
 
 def open_long_stream(server: ThreadServer):
     """A streamed 20,000-token request (minutes if it were not cancelled), after its first chunks arrived."""
-    stream = server.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=20_000, temperature=0,
-                                                stream=True, extra_body={"ignore_eos": True})
+    stream = server.client().completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=20_000, temperature=0, stream=True, extra_body={"ignore_eos": True}
+    )
     chunks = iter(stream)
     for _ in range(5):
         next(chunks)
@@ -192,8 +209,9 @@ def test_disconnect_mid_stream_cancels_the_generation(idle, references):
     assert idle.health()["running"] == 1
     stream.close()  # the client goes away; the 20,000-token job must stop at its next step
     idle.wait_idle(timeout=10)
-    answer = idle.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=N, temperature=0,
-                                              extra_body={"ignore_eos": True})
+    answer = idle.client().completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=N, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert answer.choices[0].text == references["greedy"]  # the freed engine generates as before
 
 
@@ -204,22 +222,28 @@ def test_disconnect_while_waiting_for_a_whole_answer_cancels_it(idle):
     idle.wait_idle(timeout=10)
 
 
-@pytest.mark.parametrize("fields,message", [
-    ({"model": "gpt-4"}, "unknown model 'gpt-4'"),
-    ({"temperature": -1}, "temperature"),
-    ({"max_tokens": 200_000}, "exceeds the model's 131,072 positions"),
-    ({"n": 2}, "n must be 1"),
-    ({"prompt": ""}, "the prompt is empty"),
-    ({"min_p": 2.0}, "min-p must be in [0, 1)"),
-    ({"mode": "fast"}, "mode"),
-    ({"frequency_penalty": 0.5}, "repetition_penalty"),
-    ({"job_id": "abc"}, "--jobs-dir"),
-    ({"job_id": "../etc"}, "job_id must be"),
-])
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"model": "gpt-4"}, "unknown model 'gpt-4'"),
+        ({"temperature": -1}, "temperature"),
+        ({"max_tokens": 200_000}, "exceeds the model's 131,072 positions"),
+        ({"n": 2}, "n must be 1"),
+        ({"prompt": ""}, "the prompt is empty"),
+        ({"min_p": 2.0}, "min-p must be in [0, 1)"),
+        ({"mode": "fast"}, "mode"),
+        ({"frequency_penalty": 0.5}, "repetition_penalty"),
+        ({"job_id": "abc"}, "--jobs-dir"),
+        ({"job_id": "../etc"}, "job_id must be"),
+    ],
+)
 def test_bad_fields_get_400_and_the_server_keeps_serving(fields, message, idle):
     request = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, **fields}
-    standard = {k: request.pop(k) for k in list(request) if k in ("model", "prompt", "max_tokens", "temperature",
-                                                                   "n", "frequency_penalty")}
+    standard = {
+        k: request.pop(k)
+        for k in list(request)
+        if k in ("model", "prompt", "max_tokens", "temperature", "n", "frequency_penalty")
+    }
     with pytest.raises(openai.BadRequestError) as caught:
         idle.client().completions.create(**standard, extra_body=request)
     assert message in caught.value.body["message"] and "Traceback" not in caught.value.response.text
@@ -247,8 +271,10 @@ def test_malformed_oversize_and_unknown_requests(idle):
     assert idle.health()["status"] == "ok"
 
 
-TEMPLATE = ("{% for m in messages %}{{ m['role'] | upper }}: {{ m['content'] }}\n\n{% endfor %}"
-            "{% if add_generation_prompt %}ASSISTANT: {% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] | upper }}: {{ m['content'] }}\n\n{% endfor %}"
+    "{% if add_generation_prompt %}ASSISTANT: {% endif %}"
+)
 
 
 def test_chat_completions_use_the_chat_template(tmp_path):
@@ -258,16 +284,26 @@ def test_chat_completions_use_the_chat_template(tmp_path):
     engine = longswift.load(model)
     messages = [{"role": "system", "content": "Write a play."}, {"role": "user", "content": "KING."}]
     ids = engine.tokenizer("SYSTEM: Write a play.\n\nUSER: KING.\n\nASSISTANT: ", add_special_tokens=False)["input_ids"]
-    expected = engine.generate(list(ids), 60, sampling=longswift.SamplingConfig.paper(temperature=0),
-                               ignore_eos=True).text
+    expected = engine.generate(
+        list(ids), 60, sampling=longswift.SamplingConfig.paper(temperature=0), ignore_eos=True
+    ).text
     server = ThreadServer(engine, ServeConfig(model_name="chat"))
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-        answer = client.chat.completions.create(model="chat", messages=messages, max_tokens=60, temperature=0,
-                                                extra_body={"ignore_eos": True})
+        answer = client.chat.completions.create(
+            model="chat", messages=messages, max_tokens=60, temperature=0, extra_body={"ignore_eos": True}
+        )
         assert answer.choices[0].message.content == expected and answer.choices[0].message.role == "assistant"
-        chunks = list(client.chat.completions.create(model="chat", messages=messages, max_completion_tokens=60,
-                                                     temperature=0, stream=True, extra_body={"ignore_eos": True}))
+        chunks = list(
+            client.chat.completions.create(
+                model="chat",
+                messages=messages,
+                max_completion_tokens=60,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+        )
         assert chunks[0].choices[0].delta.role == "assistant"
         assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
         assert chunks[-1].usage.completion_tokens == 60
@@ -279,8 +315,13 @@ def test_stopping_server_checkpoints_the_running_job(engine, references, tmp_pat
     """SIGINT/SIGTERM of `longswift serve` call `worker.stop()`: the job stops at its next step with a checkpoint,
     its client is told so, and a new server resumes it to the uninterrupted text."""
     config = ServeConfig(model_name=MODEL, jobs_dir=tmp_path, checkpoint_every=10_000)  # only the stop checkpoints
-    request = {"model": MODEL, "prompt": PROMPT, "max_tokens": N, "seed": 7,
-               "extra_body": {"ignore_eos": True, "job_id": "stopped"}}
+    request = {
+        "model": MODEL,
+        "prompt": PROMPT,
+        "max_tokens": N,
+        "seed": 7,
+        "extra_body": {"ignore_eos": True, "job_id": "stopped"},
+    }
     first = ThreadServer(engine, config)
     try:
         with pytest.raises(openai.APIError, match="job stopped was checkpointed"):
@@ -302,8 +343,12 @@ class ProcessServer:
 
     def __init__(self, *flags: str) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "longswift", "serve", "--port", "0", "--log-level",
-                                      "warning", *flags], env=env, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "longswift", "serve", "--port", "0", "--log-level", "warning", *flags],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.log: list[str] = []
         ready = threading.Event()
 
@@ -331,8 +376,13 @@ def test_job_resumes_after_the_server_is_killed(tmp_path):
     total, every = 1200, 64
     jobs = tmp_path / "jobs"
     reference = generate_cli(tmp_path, "--max-new-tokens", str(total), "--ignore-eos", "--seed", "5")
-    request = {"model": MODEL, "prompt": PROMPT, "max_tokens": total, "seed": 5,
-               "extra_body": {"ignore_eos": True, "job_id": "story-1"}}
+    request = {
+        "model": MODEL,
+        "prompt": PROMPT,
+        "max_tokens": total,
+        "seed": 5,
+        "extra_body": {"ignore_eos": True, "job_id": "story-1"},
+    }
     flags = ("--jobs-dir", str(jobs), "--checkpoint-every", str(every))
 
     first = ProcessServer(*flags)
@@ -340,7 +390,9 @@ def test_job_resumes_after_the_server_is_killed(tmp_path):
         received = ""
         for chunk in first.client().completions.create(**request, stream=True):
             received += chunk.choices[0].text
-            if (jobs / "story-1.json").exists() and len(JobState.load(jobs / "story-1.json").generated_ids) >= 3 * every:
+            if (jobs / "story-1.json").exists() and len(
+                JobState.load(jobs / "story-1.json").generated_ids
+            ) >= 3 * every:
                 break
         first.kill()  # no chance to checkpoint: only the periodic checkpoints survive
     finally:

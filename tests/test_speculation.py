@@ -11,24 +11,26 @@ import pytest
 
 import longswift
 from longswift import SamplingConfig, SpeculationConfig
-from longswift.controller import AcceptanceStats, Controller, CostModel, StepGate, head_source, ngram_source
-from longswift.ngram import HistoryLookup, NGramTable
-from longswift.tokenswift import TokenSwiftDecoder
-from longswift.tree import Trie
+from longswift.decode.controller import AcceptanceStats, Controller, CostModel, StepGate, head_source, ngram_source
+from longswift.decode.ngram import HistoryLookup, NGramTable
+from longswift.decode.tokenswift import TokenSwiftDecoder
+from longswift.decode.tree import Trie
 
 from .conftest import ARCHS
 from .test_tokenswift import N_LONG, PROMPT, OracleDrafter, ar_ids, engine_for, run_with_drafter
 
-FUSED = SpeculationConfig(tree=(2, 1, 1), ngram_topk=2, lookup=8, draft="fused", candidates="adaptive",
-                          kv_budget=64, sink_tokens=4)
+FUSED = SpeculationConfig(
+    tree=(2, 1, 1), ngram_topk=2, lookup=8, draft="fused", candidates="adaptive", kv_budget=64, sink_tokens=4
+)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_fused_adaptive_greedy_equals_ar_on_every_architecture(arch, checkpoint_factory):
     path = checkpoint_factory(arch)
     sampling = SamplingConfig(repetition_penalty=1.3, penalty_window=64)
-    result = engine_for(path).generate(PROMPT, N_LONG, sampling=sampling, ignore_eos=True, mode="tokenswift",
-                                       speculation=FUSED)
+    result = engine_for(path).generate(
+        PROMPT, N_LONG, sampling=sampling, ignore_eos=True, mode="tokenswift", speculation=FUSED
+    )
     expected = ar_ids(path, 1.3, N_LONG)
     first_diff = next((i for i, (a, b) in enumerate(zip(result.token_ids, expected)) if a != b), None)
     assert first_diff is None and len(result.token_ids) == N_LONG, f"first difference at token {first_diff}"
@@ -38,16 +40,28 @@ def test_fused_adaptive_greedy_equals_ar_on_every_architecture(arch, checkpoint_
     assert stats["partial_cache_selections"] == 0  # fused drafting never builds the partial cache
 
 
-@pytest.mark.parametrize("spec", [
-    SpeculationConfig(tree=(3, 2, 2), ngram_topk=5, draft="fused", candidates="all"),
-    SpeculationConfig(tree=(1, 2, 1, 1), ngram_topk=3, lookup=12, draft="partial", candidates="adaptive",
-                      kv_budget=48, sink_tokens=4),
-    SpeculationConfig(tree=(1,), ngram_topk=0, lookup=0, draft="fused", candidates="adaptive"),
-], ids=["fused-all", "partial-adaptive-lookup", "fused-nothing-to-verify"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SpeculationConfig(tree=(3, 2, 2), ngram_topk=5, draft="fused", candidates="all"),
+        SpeculationConfig(
+            tree=(1, 2, 1, 1),
+            ngram_topk=3,
+            lookup=12,
+            draft="partial",
+            candidates="adaptive",
+            kv_budget=48,
+            sink_tokens=4,
+        ),
+        SpeculationConfig(tree=(1,), ngram_topk=0, lookup=0, draft="fused", candidates="adaptive"),
+    ],
+    ids=["fused-all", "partial-adaptive-lookup", "fused-nothing-to-verify"],
+)
 def test_other_combinations_greedy_equal_ar(spec, tiny_llama):
     sampling = SamplingConfig(repetition_penalty=1.3, penalty_window=64)
-    result = engine_for(tiny_llama).generate(PROMPT, N_LONG, sampling=sampling, ignore_eos=True,
-                                             mode="tokenswift", speculation=spec)
+    result = engine_for(tiny_llama).generate(
+        PROMPT, N_LONG, sampling=sampling, ignore_eos=True, mode="tokenswift", speculation=spec
+    )
     assert tuple(result.token_ids) == ar_ids(tiny_llama, 1.3, N_LONG)
 
 
@@ -62,15 +76,19 @@ def test_fused_oracle_accepts_gamma_levels_per_step(tiny_llama):
     assert stats["acceptance_rate"] == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("spec", [FUSED, SpeculationConfig(tree=(2, 2), ngram_topk=2, lookup=6, draft="partial",
-                                                           candidates="adaptive")], ids=["fused", "partial"])
+@pytest.mark.parametrize(
+    "spec",
+    [FUSED, SpeculationConfig(tree=(2, 2), ngram_topk=2, lookup=6, draft="partial", candidates="adaptive")],
+    ids=["fused", "partial"],
+)
 def test_seeded_sampling_is_in_lockstep_with_ar(spec, tiny_llama):
     engine = engine_for(tiny_llama)
     sampling = SamplingConfig(temperature=1.0, min_p=0.05, repetition_penalty=1.3, penalty_window=16)
     for seed in range(6):
         a = engine.generate(PROMPT, 300, sampling=sampling, seed=seed, ignore_eos=True, mode="ar")
-        b = engine.generate(PROMPT, 300, sampling=sampling, seed=seed, ignore_eos=True, mode="tokenswift",
-                            speculation=spec)
+        b = engine.generate(
+            PROMPT, 300, sampling=sampling, seed=seed, ignore_eos=True, mode="tokenswift", speculation=spec
+        )
         assert a.token_ids == b.token_ids
 
 
@@ -83,8 +101,9 @@ def fake_costs(monkeypatch, seconds_for_nodes) -> None:
 def test_expensive_nodes_make_every_step_a_root_alone_step(monkeypatch, tiny_llama):
     fake_costs(monkeypatch, lambda n: 10.0 * n)  # each node costs ten seconds: nothing can pay for itself
     sampling = SamplingConfig(repetition_penalty=1.3, penalty_window=64)
-    result = engine_for(tiny_llama).generate(PROMPT, 300, sampling=sampling, ignore_eos=True, mode="tokenswift",
-                                             speculation=FUSED)
+    result = engine_for(tiny_llama).generate(
+        PROMPT, 300, sampling=sampling, ignore_eos=True, mode="tokenswift", speculation=FUSED
+    )
     assert tuple(result.token_ids) == ar_ids(tiny_llama, 1.3, 300)
     assert result.stats["verified_nodes"] == {"1": 300} and result.stats["root_only_share"] == 1.0
     assert result.stats["mean_accepted"] == 1.0
@@ -97,8 +116,9 @@ def test_free_nodes_verify_every_candidate(monkeypatch, tiny_llama):
     runs = {}
     for candidates in ("adaptive", "all"):
         spec = SpeculationConfig(tree=(2, 1, 1), ngram_topk=2, lookup=8, draft="fused", candidates=candidates)
-        runs[candidates] = engine.generate(PROMPT, 300, sampling=sampling, ignore_eos=True, mode="tokenswift",
-                                           speculation=spec)
+        runs[candidates] = engine.generate(
+            PROMPT, 300, sampling=sampling, ignore_eos=True, mode="tokenswift", speculation=spec
+        )
     assert runs["adaptive"].token_ids == runs["all"].token_ids == list(ar_ids(tiny_llama, 1.3, 300))
     # Same candidates verified at every step: the same steps, the same node counts.
     assert runs["adaptive"].stats["verified_nodes"] == runs["all"].stats["verified_nodes"]
@@ -137,7 +157,7 @@ def test_controller_keeps_the_most_likely_nodes_closed_under_ancestors():
         controller.learn(trie, [7, 8])  # the head chain is always right, the n-grams never
     choice = controller.select(trie, 2000)
     assert choice.trie.tokens == [5, 7, 8]
-    assert choice.expected_tokens == pytest.approx(1 + 0.99 + 0.99 ** 2, abs=0.05)
+    assert choice.expected_tokens == pytest.approx(1 + 0.99 + 0.99**2, abs=0.05)
 
 
 def test_cost_model_interpolates_in_nodes_and_extrapolates_in_context():
@@ -195,8 +215,9 @@ def test_bad_speculation_values_are_clear_errors(tiny_llama):
     with pytest.raises(longswift.ConfigError, match="lookup must be in"):
         SpeculationConfig(lookup=-1)
     with pytest.raises(longswift.ConfigError, match="fused drafting gets only 3 levels"):
-        engine_for(tiny_llama).generate("x", 4, mode="tokenswift",
-                                        speculation=SpeculationConfig(tree=(1, 1, 1, 1), draft="fused"))
+        engine_for(tiny_llama).generate(
+            "x", 4, mode="tokenswift", speculation=SpeculationConfig(tree=(1, 1, 1, 1), draft="fused")
+        )
 
 
 def test_acceptance_forgets_old_evidence_so_a_change_in_the_text_shows():
@@ -212,6 +233,7 @@ def test_acceptance_forgets_old_evidence_so_a_change_in_the_text_shows():
 
 def test_short_jobs_do_not_recalibrate_every_few_tokens(tiny_llama):
     sampling = SamplingConfig(repetition_penalty=1.3, penalty_window=64)
-    result = engine_for(tiny_llama).generate(PROMPT, 500, sampling=sampling, ignore_eos=True, mode="tokenswift",
-                                             speculation=FUSED)
+    result = engine_for(tiny_llama).generate(
+        PROMPT, 500, sampling=sampling, ignore_eos=True, mode="tokenswift", speculation=FUSED
+    )
     assert result.stats["calibrations"] == 1  # the prompt and 500 tokens stay within 1,024 rows of the first

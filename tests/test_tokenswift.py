@@ -12,11 +12,11 @@ import torch
 
 import longswift
 from longswift import SamplingConfig
-from longswift.checkpoint import Checkpoint
 from longswift.config import SpeculationConfig
-from longswift.drafting import Draft
-from longswift.heads import DraftHeads
-from longswift.tokenswift import TokenSwiftDecoder
+from longswift.decode.drafting import Draft, keyed_on_first_draft
+from longswift.decode.tokenswift import TokenSwiftDecoder
+from longswift.model.checkpoint import Checkpoint
+from longswift.model.heads import DraftHeads
 
 N_LONG = 2000
 
@@ -66,8 +66,7 @@ def test_greedy_tokenswift_equals_greedy_ar(arch, tree, k, budget, penalty, chec
     engine = engine_for(path)
     spec = SpeculationConfig(tree=tree, ngram_topk=k, kv_budget=budget, sink_tokens=4)
     sampling = SamplingConfig(repetition_penalty=penalty, penalty_window=64)
-    result = engine.generate(PROMPT, N_LONG, sampling=sampling, ignore_eos=True, mode="tokenswift",
-                             speculation=spec)
+    result = engine.generate(PROMPT, N_LONG, sampling=sampling, ignore_eos=True, mode="tokenswift", speculation=spec)
     expected = ar_ids(path, penalty, N_LONG)
     assert len(result.token_ids) == N_LONG
     first_diff = next((i for i, (a, b) in enumerate(zip(result.token_ids, expected)) if a != b), None)
@@ -81,6 +80,17 @@ def test_greedy_tokenswift_equals_greedy_ar(arch, tree, k, budget, penalty, chec
 
 class OracleDrafter:
     """Test double: drafts exactly the target's greedy continuation (known from an AR run)."""
+
+    # The Drafter protocol's answers of the paper's drafter, which the specs of these tests name (draft="partial").
+    needs_queries = True
+    can_skip = False
+    chains_from_root = False
+
+    def ngram_key(self, root, draft):
+        return keyed_on_first_draft(root, draft)
+
+    def stats(self):
+        return {"partial_cache_selections": 0}
 
     def __init__(self, prompt_len: int, future: list[int], tree: tuple[int, ...]) -> None:
         self.prompt_len, self.future, self.tree = prompt_len, future, tree
@@ -106,14 +116,15 @@ class OracleDrafter:
 def run_with_drafter(engine, drafter_for, n, spec, stop=None, **kw):
     """Generate with a custom drafter through the same decoder and transcript the API uses."""
     from longswift.config import StopConfig
-    from longswift.decoding import drive
-    from longswift.sampling import TokenChooser
-    from longswift.transcript import Transcript
+    from longswift.decode.loop import drive
+    from longswift.decode.sampling import TokenChooser
+    from longswift.decode.transcript import Transcript
 
     prompt_ids = engine.encode(PROMPT)
     sampling = SamplingConfig(repetition_penalty=1.3, penalty_window=64)
-    decoder = TokenSwiftDecoder(engine.model, TokenChooser(sampling), drafter_for(prompt_ids), spec,
-                                len(prompt_ids) + n)
+    decoder = TokenSwiftDecoder(
+        engine.model, TokenChooser(sampling), drafter_for(prompt_ids), spec, len(prompt_ids) + n
+    )
     transcript = Transcript(engine.tokenizer, stop or StopConfig(n, (), (), True))
     decoder.start(prompt_ids)
     list(drive(decoder, transcript))
@@ -182,8 +193,7 @@ def test_tokenswift_needs_heads_and_refuses_deep_trees(tiny_llama):
     with pytest.raises(longswift.HeadsError, match="needs draft heads"):
         plain.generate("x", 4, mode="tokenswift")
     with pytest.raises(longswift.ConfigError, match="has depth 5"):
-        engine_for(tiny_llama).generate("x", 4, mode="tokenswift",
-                                        speculation=SpeculationConfig(tree=(1, 1, 1, 1, 1)))
+        engine_for(tiny_llama).generate("x", 4, mode="tokenswift", speculation=SpeculationConfig(tree=(1, 1, 1, 1, 1)))
 
 
 def test_heads_for_another_model_are_refused(tiny_llama, checkpoint_factory):

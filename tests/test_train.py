@@ -10,14 +10,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from longswift.checkpoint import Checkpoint
 from longswift.errors import ConfigError, HeadsError
-from longswift.heads import DraftHeads
-from longswift.train import (STATE_KEY, StepStats, TrainConfig, evaluate_heads, load_token_stream, lr_at,
-                             read_texts, train_heads)
+from longswift.model.checkpoint import Checkpoint
+from longswift.model.heads import DraftHeads
+from longswift.train import (
+    STATE_KEY,
+    StepStats,
+    TrainConfig,
+    evaluate_heads,
+    load_token_stream,
+    lr_at,
+    read_texts,
+    train_heads,
+)
 
-TEXT = "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of " \
-       "foolishness. "
+TEXT = "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of foolishness. "
 
 
 @pytest.fixture(autouse=True)
@@ -84,8 +91,9 @@ def test_training_lowers_the_loss_and_teaches_each_head_its_offset(tiny_llama, t
     assert min(report.head_accuracy) > 0.5, report.head_accuracy
 
 
-def test_saved_heads_carry_the_fingerprint_and_are_refused_by_another_model(tiny_llama, checkpoint_factory,
-                                                                             text_file, tmp_path):
+def test_saved_heads_carry_the_fingerprint_and_are_refused_by_another_model(
+    tiny_llama, checkpoint_factory, text_file, tmp_path
+):
     cfg = config(tiny_llama, text_file, tmp_path / "heads.safetensors", steps=2, gamma=2)
     train_heads(cfg)
     heads = DraftHeads.load(cfg.out, Checkpoint.open(tiny_llama).fingerprint())
@@ -110,16 +118,27 @@ def test_resume_after_a_crash_gives_the_same_heads_bit_for_bit(tiny_llama, text_
 
     with safe_open(str(crashed.state_path), framework="pt") as f:
         header = json.loads(f.metadata()[STATE_KEY])
-    assert header["step"] == 3 and header["run"]["seed"] == 0 and header["config"]["steps"] == 8 and len(bytes.fromhex(header["generator"])) > 0
+    assert (
+        header["step"] == 3
+        and header["run"]["seed"] == 0
+        and header["config"]["steps"] == 8
+        and len(bytes.fromhex(header["generator"])) > 0
+    )
     resumed = train_heads(replace(crashed, resume=True))
     assert_same_heads(whole.out, crashed.out)
-    assert (resumed.steps, resumed.final_loss, resumed.head_accuracy, resumed.tokens_seen) == \
-        (expected.steps, expected.final_loss, expected.head_accuracy, expected.tokens_seen)
+    assert (resumed.steps, resumed.final_loss, resumed.head_accuracy, resumed.tokens_seen) == (
+        expected.steps,
+        expected.final_loss,
+        expected.head_accuracy,
+        expected.tokens_seen,
+    )
 
 
 def test_runs_are_deterministic_and_the_seed_matters(tiny_llama, text_file, tmp_path):
-    a, b, c = (config(tiny_llama, text_file, tmp_path / f"{n}.safetensors", steps=3, seed=s)
-               for n, s in (("a", 0), ("b", 0), ("c", 1)))
+    a, b, c = (
+        config(tiny_llama, text_file, tmp_path / f"{n}.safetensors", steps=3, seed=s)
+        for n, s in (("a", 0), ("b", 0), ("c", 1))
+    )
     for cfg in (a, b, c):
         train_heads(cfg)
     assert_same_heads(a.out, b.out)
@@ -140,8 +159,9 @@ def test_resume_refuses_a_missing_state_and_a_different_run(tiny_llama, text_fil
 def test_gradient_accumulation_matches_a_larger_batch(tiny_llama, text_file, tmp_path):
     # Same windows (the sampler draws them in the same order) and the same averaged gradient, so the same heads
     # up to float rounding; gradient clipping off so that only the accumulation itself is compared.
-    big = config(tiny_llama, text_file, tmp_path / "big.safetensors", steps=3, batch_size=2, grad_clip=0.0,
-                 autocast=False)
+    big = config(
+        tiny_llama, text_file, tmp_path / "big.safetensors", steps=3, batch_size=2, grad_clip=0.0, autocast=False
+    )
     accum = replace(big, out=tmp_path / "accum.safetensors", batch_size=1, grad_accum=2)
     for cfg in (big, accum):
         train_heads(cfg)
@@ -184,20 +204,23 @@ def test_jsonl_and_txt_inputs_give_the_same_stream_and_heads(tiny_llama, tmp_pat
     assert_same_heads(a.out, b.out)
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (dict(gamma=0), "gamma must be >= 1, got 0"),
-    (dict(steps=0, warmup=0), "steps must be >= 1, got 0"),
-    (dict(lr=0.0), "learning rate must be > 0, got 0.0"),
-    (dict(lr=float("nan")), "learning rate must be > 0, got nan"),
-    (dict(seq_len=0), "seq-len must be >= 1, got 0"),
-    (dict(batch_size=0), "batch size must be >= 1, got 0"),
-    (dict(grad_accum=0), "grad-accum must be >= 1, got 0"),
-    (dict(warmup=9), "warmup must be in [0, steps=8], got 9"),
-    (dict(weight_decay=-0.1), "weight decay must be >= 0, got -0.1"),
-    (dict(checkpoint_every=-1), "checkpoint-every must be >= 0, got -1"),
-    (dict(dtype="fp8"), "unknown dtype 'fp8'"),
-    (dict(device="toaster"), "unknown device 'toaster'"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (dict(gamma=0), "gamma must be >= 1, got 0"),
+        (dict(steps=0, warmup=0), "steps must be >= 1, got 0"),
+        (dict(lr=0.0), "learning rate must be > 0, got 0.0"),
+        (dict(lr=float("nan")), "learning rate must be > 0, got nan"),
+        (dict(seq_len=0), "seq-len must be >= 1, got 0"),
+        (dict(batch_size=0), "batch size must be >= 1, got 0"),
+        (dict(grad_accum=0), "grad-accum must be >= 1, got 0"),
+        (dict(warmup=9), "warmup must be in [0, steps=8], got 9"),
+        (dict(weight_decay=-0.1), "weight decay must be >= 0, got -0.1"),
+        (dict(checkpoint_every=-1), "checkpoint-every must be >= 0, got -1"),
+        (dict(dtype="fp8"), "unknown dtype 'fp8'"),
+        (dict(device="toaster"), "unknown device 'toaster'"),
+    ],
+)
 def test_bad_settings_are_refused_when_the_config_is_built(overrides, message, tmp_path):
     with pytest.raises(ConfigError) as info:
         config(tmp_path, tmp_path / "x.txt", tmp_path / "h.safetensors", **overrides)
@@ -212,8 +235,11 @@ def test_no_data_files_is_refused(tmp_path):
 def test_bad_data_is_refused_with_the_numbers(tiny_llama, text_file, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("It was the best of times.", encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"training data has \d+ tokens; one window needs seq-len 64 \+ gamma 3 "
-                                          r"\+ 1 = 68"):
+    with pytest.raises(
+        ConfigError,
+        match=r"training data has \d+ tokens; one window needs seq-len 64 \+ gamma 3 "
+        r"\+ 1 = 68",
+    ):
         train_heads(config(tiny_llama, short, tmp_path / "h.safetensors"))
     with pytest.raises(ConfigError, match="seq-len 5,000 exceeds the model's 4,096 positions"):
         train_heads(config(tiny_llama, text_file, tmp_path / "h.safetensors", seq_len=5000))
@@ -229,8 +255,9 @@ def test_bad_data_is_refused_with_the_numbers(tiny_llama, text_file, tmp_path):
 
 
 def test_learning_rate_warms_up_linearly_then_decays_by_cosine(tmp_path):
-    cfg = TrainConfig(model=tmp_path, data=[tmp_path], out=tmp_path / "h", steps=100, warmup=10, lr=1.0,
-                      min_lr_ratio=0.1)
+    cfg = TrainConfig(
+        model=tmp_path, data=[tmp_path], out=tmp_path / "h", steps=100, warmup=10, lr=1.0, min_lr_ratio=0.1
+    )
     lrs = [lr_at(step, cfg) for step in range(100)]
     assert lrs[:10] == pytest.approx([(i + 1) / 10 for i in range(10)])
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
@@ -249,7 +276,7 @@ def test_evaluate_heads_matches_a_direct_computation(tiny_llama, text_file, tmp_
     with torch.no_grad():
         for w in range(2):
             window = ids[w * seq : (w + 1) * seq + 4]
-            from longswift.cache import NoCache
+            from longswift.model.cache import NoCache
 
             logits = heads.logits(model, model(window[None, :seq], torch.arange(seq), NoCache()))
             for i in range(4):

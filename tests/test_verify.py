@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from longswift.config import SamplingConfig
-from longswift.sampling import TokenChooser
-from longswift.tree import Trie
-from longswift.verify import walk
+from longswift.decode.sampling import TokenChooser
+from longswift.decode.tree import Trie
+from longswift.decode.verify import walk
 
 V = 4
 GRID = 10

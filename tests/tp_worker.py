@@ -25,11 +25,16 @@ def main() -> None:
     runs = []
     for case in spec["cases"]:
         sampling = SamplingConfig.paper() if case["sample"] else SamplingConfig(temperature=0)
-        result = engine.generate(spec["prompt"], case["n"], sampling=sampling, seed=case.get("seed"),
-                                 mode=case["mode"], ignore_eos=True)
+        result = engine.generate(
+            spec["prompt"], case["n"], sampling=sampling, seed=case.get("seed"), mode=case["mode"], ignore_eos=True
+        )
         runs.append({"tokens": result.token_ids, "tokens_per_s": result.stats["tokens_per_s"]})
-    out = {"rank": int(os.environ["RANK"]), "weight_bytes": weight_bytes(engine.model), "runs": runs,
-           "kv_heads": engine.model.cfg.num_kv_heads}
+    out = {
+        "rank": int(os.environ["RANK"]),
+        "weight_bytes": weight_bytes(engine.model),
+        "runs": runs,
+        "kv_heads": engine.model.cfg.num_kv_heads,
+    }
     with open(os.path.join(spec["out"], f"rank{out['rank']}.json"), "w", encoding="utf-8") as f:
         json.dump(out, f)
 

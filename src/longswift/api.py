@@ -1,9 +1,9 @@
 """The Python API: `longswift.load(...)` -> `Engine`, whose `generate` / `stream` run a whole job.
 
-    engine = longswift.load("path/to/model")
-    result = engine.generate("Once upon a time", max_new_tokens=200)
-    for piece in engine.stream("Once upon a time", max_new_tokens=200):
-        print(piece.text, end="")
+engine = longswift.load("path/to/model")
+result = engine.generate("Once upon a time", max_new_tokens=200)
+for piece in engine.stream("Once upon a time", max_new_tokens=200):
+    print(piece.text, end="")
 """
 
 from __future__ import annotations
@@ -18,20 +18,24 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .checkpoint import DTYPES, Checkpoint, default_model_dir, heads_beside
-from .config import SamplingConfig, SpeculationConfig, StopConfig
-from .compiled import StaticForward, resolve_compile
-from .decoding import ARDecoder, Decoder, Forward, drive
-from .errors import CheckpointError, ConfigError, HeadsError, PromptError, ResumeError
-from .heads import DraftHeads
-from .job import JobState
-from .parallel import TensorParallel
-from .released import load_heads
-from .sampling import TokenChooser
-from .transcript import Piece, Transcript
+from .config import CompileChoice, SamplingConfig, SpeculationConfig, StopConfig
+from .decode.loop import ARDecoder, Decoder, Forward, drive
+from .decode.sampling import TokenChooser
+from .decode.transcript import Piece, Transcript
+from .errors import ConfigError, HeadsError, PromptError, ResumeError
+from .jobs.request import GenerationRequest
+from .jobs.state import JobState
+from .launch import Launch, LaunchConfig
+from .model.checkpoint import Checkpoint
+from .model.compiled import StaticForward, resolve_compile
+from .model.device import resolve_device as resolve_device  # re-exported: longswift.api.resolve_device
+from .model.device import resolve_dtype as resolve_dtype
+from .model.heads import DraftHeads
+from .model.released import load_heads
+from .parallel import Layout, TensorParallel
 
 if TYPE_CHECKING:
-    from .drafting import Drafter
+    from .decode.drafting import Drafter
 
 
 @dataclass
@@ -54,8 +58,9 @@ class GenerationStream:
     `Engine.stream(..., resume=state)` continues exactly.
     """
 
-    def __init__(self, pieces: Iterator[Piece], finish: Callable[[], GenerationResult],
-                 snapshot: Callable[[], JobState]) -> None:
+    def __init__(
+        self, pieces: Iterator[Piece], finish: Callable[[], GenerationResult], snapshot: Callable[[], JobState]
+    ) -> None:
         self._pieces = pieces
         self._finish = finish
         self.snapshot = snapshot
@@ -67,29 +72,6 @@ class GenerationStream:
         self.result = self._finish()
 
 
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise ConfigError(f"unknown device {device!r}; use cpu, cuda, cuda:N or auto") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device cuda requested but CUDA is not available")
-    return dev
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """'auto' is fp32 on CPU (its single-token kernels are the fastest there) and bf16 on GPUs that have it."""
-    if dtype == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
-    if dtype not in DTYPES:
-        raise ConfigError(f"unknown dtype {dtype!r}; use fp32, bf16, fp16 or auto")
-    return DTYPES[dtype]
-
-
 class Engine:
     """A loaded model with its tokenizer; runs generation jobs.
 
@@ -97,17 +79,26 @@ class Engine:
     of every large weight, and every rank of the group must make the same calls in the same order.
     """
 
-    def __init__(self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
-                 heads: str | Path | bool | None = None, compile: str = "auto",
-                 parallel: TensorParallel | None = None) -> None:
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        device: torch.device,
+        dtype: torch.dtype,
+        heads: str | Path | bool | None = None,
+        compile: str = "auto",
+        parallel: TensorParallel | None = None,
+    ) -> None:
         from .parallel import load_sharded
 
         self.checkpoint = checkpoint
         self.device = device
         self.dtype = dtype
         self.parallel = parallel
-        self.model = (load_sharded(checkpoint, parallel, device, dtype) if parallel is not None
-                      else checkpoint.load_model(device, dtype))
+        self.model = (
+            load_sharded(checkpoint, parallel, device, dtype)
+            if parallel is not None
+            else checkpoint.load_model(device, dtype)
+        )
         self.tokenizer = checkpoint.load_tokenizer()
         self.eos_token_ids = checkpoint.eos_token_ids() or _tokenizer_eos(self.tokenizer)
         self.fingerprint = checkpoint.fingerprint()  # reads the stored LM head: once, not per snapshot
@@ -120,6 +111,12 @@ class Engine:
         self.compile = compile  # the default of `stream(compile=...)`: auto | on | off (compiled.py)
         self._static: StaticForward | None = None  # the engine's compiled forward, made on first use
 
+    @classmethod
+    def launched(cls, launch: Launch) -> Engine:
+        """The engine of a `Launch` whose checks passed (and whose process group, if any, started): loads weights."""
+        cfg = launch.cfg
+        return cls(launch.checkpoint, launch.device, launch.dtype, launch.heads, cfg.compile, launch.parallel)
+
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:
@@ -129,61 +126,92 @@ class Engine:
             raise PromptError("the prompt is empty")
         return list(prompt)
 
-    def stream(self, prompt: str | list[int], max_new_tokens: int = 256, *, sampling: SamplingConfig | None = None,
-               seed: int | None = None, stop_strings: tuple[str, ...] = (), ignore_eos: bool = False,
-               mode: str = "auto", speculation: SpeculationConfig | None = None,
-               resume: JobState | None = None, record_margins: bool = False, compile: str | None = None,
-               drafter: Drafter | None = None) -> GenerationStream:
+    def stream(
+        self, request: GenerationRequest | str | list[int], max_new_tokens: int | None = None, **settings: Any
+    ) -> GenerationStream:
         """Start a generation; iterate the returned stream for text pieces, then read `.result`.
 
-        mode: "tokenswift", "ar", or "auto" (TokenSwift when heads are loaded). Both modes emit tokens with the
-        same distribution (greedy: the same tokens); only the speed differs. `resume`: a snapshot of an earlier
-        run with the same model, heads, prompt and settings, continued so the output is identical.
-        `record_margins`: keep every token's decision margin (`GenerationResult.margins`), to tell a rounding
-        near-tie from a mismatch when comparing runs (identity.py).
-        `compile`: "on" runs decoding and verification forwards as compiled static-shape graphs (compiled.py;
-        compiled once per engine, before the clock starts), "off" eagerly, "auto" (default: the engine's
-        `compile`) where that was measured to pay. `drafter`: replaces the heads' drafter (engine measurements
-        with `replay.ReplayDrafter`; drafts never change the output).
+        `request`: a `GenerationRequest` (jobs/request.py: the prompt and every setting, validated when built), or
+        the prompt itself, with `max_new_tokens` (default 256) and the request's other fields as keywords
+        (`sampling`, `seed`, `stop_strings`, `ignore_eos`, `mode`, `speculation`, `resume`, `record_margins`,
+        `compile`, `drafter`). mode "auto" is TokenSwift when heads are loaded; both modes emit tokens with the same
+        distribution (greedy: the same tokens); only the speed differs.
         """
-        sampling = sampling or SamplingConfig()
-        spec = speculation or SpeculationConfig.for_device(self.device.type)
-        stop = StopConfig(max_new_tokens, self.eos_token_ids, tuple(stop_strings), ignore_eos)
-        prompt_ids = self.encode(prompt)
-        self._check_fits(len(prompt_ids), max_new_tokens)
-        mode = self._resolve_mode(mode)
-        decoder = self._decoder(mode, sampling, seed, len(prompt_ids) + max_new_tokens, spec, record_margins,
-                                self._forward(compile or self.compile), drafter)
+        if not isinstance(request, GenerationRequest):
+            request = GenerationRequest(request, 256 if max_new_tokens is None else max_new_tokens, **settings)
+        elif max_new_tokens is not None or settings:
+            raise TypeError("Engine.stream(request) takes its settings from the request; pass no others")
+        return self._start(request)
+
+    def _start(self, req: GenerationRequest) -> GenerationStream:
+        sampling = req.sampling
+        spec = req.speculation or SpeculationConfig.for_device(self.device.type)
+        stop = StopConfig(req.max_new_tokens, self.eos_token_ids, req.stop_strings, req.ignore_eos)
+        prompt_ids = self.encode(req.prompt if isinstance(req.prompt, str) else list(req.prompt))
+        self._check_fits(len(prompt_ids), req.max_new_tokens)
+        mode = self._resolve_mode(req.mode)
+        decoder = self._decoder(
+            mode,
+            sampling,
+            req.seed,
+            len(prompt_ids) + req.max_new_tokens,
+            spec,
+            req.record_margins,
+            self._forward(req.compile or self.compile),
+            req.drafter,
+        )
         transcript = Transcript(self.tokenizer, stop)
-        config = _plain({"sampling": asdict(sampling), "stop": asdict(stop),
-                         "speculation": asdict(spec) if mode == "tokenswift" else None})
+        config = _plain(
+            {
+                "sampling": asdict(sampling),
+                "stop": asdict(stop),
+                "speculation": asdict(spec) if mode == "tokenswift" else None,
+            }
+        )
         if self.parallel is not None:  # rounding differs between split sizes, so a job resumes at its own
             config["tp"] = self.parallel.size
 
         def snapshot() -> JobState:
             rng = decoder.chooser.generator
-            return JobState(prompt_ids, list(transcript.ids), transcript.text, mode,
-                            rng.get_state().numpy().tobytes().hex() if rng is not None else None, config,
-                            self.fingerprint, self.heads_fingerprint if mode == "tokenswift" else None)
+            return JobState(
+                prompt_ids,
+                list(transcript.ids),
+                transcript.text,
+                mode,
+                rng.get_state().numpy().tobytes().hex() if rng is not None else None,
+                config,
+                self.fingerprint,
+                self.heads_fingerprint if mode == "tokenswift" else None,
+            )
 
+        resume = req.resume
         if resume is not None:
             _restore(resume, snapshot(), decoder, transcript)
         decoder.start(prompt_ids + list(transcript.ids))
         resumed = len(resume.generated_ids) if resume is not None else 0
-        return GenerationStream(drive(decoder, transcript),
-                                lambda: _result(decoder, transcript, prompt_ids, resumed, self.heads_source),
-                                snapshot)
+        return GenerationStream(
+            drive(decoder, transcript),
+            lambda: _result(decoder, transcript, prompt_ids, resumed, self.heads_source),
+            snapshot,
+        )
 
-    def generate(self, prompt: str | list[int], max_new_tokens: int = 256, *, streamer: Any = None,
-                 **options: Any) -> GenerationResult:
-        """Run a whole generation; options as for `stream`.
+    def generate(
+        self,
+        request: GenerationRequest | str | list[int],
+        max_new_tokens: int | None = None,
+        *,
+        streamer: Any = None,
+        **settings: Any,
+    ) -> GenerationResult:
+        """Run a whole generation; the request (or prompt and keyword settings) as for `stream`.
 
         `streamer`: any object with the `transformers` streamer interface (`put(ids)`, `end()`), e.g. a
         `TextStreamer` or `TextIteratorStreamer`: it receives the prompt ids first, then each accepted block.
         """
-        stream = self.stream(prompt, max_new_tokens, **options)
+        stream = self.stream(request, max_new_tokens, **settings)
         if streamer is not None:
-            streamer.put(torch.tensor([self.encode(prompt)]))
+            prompt = request.prompt if isinstance(request, GenerationRequest) else request
+            streamer.put(torch.tensor([self.encode(prompt if isinstance(prompt, str) else list(prompt))]))
         for piece in stream:
             if streamer is not None and piece.token_ids:
                 streamer.put(torch.tensor(piece.token_ids))
@@ -193,29 +221,36 @@ class Engine:
         return stream.result
 
     def _resolve_mode(self, mode: str) -> str:
+        """auto -> tokenswift when heads are loaded, else ar (the request has checked the name)."""
         if mode == "auto":
             return "tokenswift" if self.heads is not None else "ar"
-        if mode not in ("ar", "tokenswift"):
-            raise ConfigError(f"unknown mode {mode!r}; use auto, tokenswift or ar")
         return mode
 
     def compile_seconds(self) -> float:
         """Seconds this engine has spent compiling (and warming up) its static forward so far."""
         return self._static.compile_s if self._static is not None else 0.0
 
-    def _forward(self, choice: str) -> Forward:
-        """The model itself, or the engine's static forward (compiled once, reused by every generation)."""
+    def _forward(self, choice: str) -> Forward | None:
+        """The engine's static forward (compiled once, reused by every generation), or None: the model, eagerly."""
         if self.parallel is not None or not resolve_compile(choice, self.device):
-            return self.model  # collectives inside compiled graphs are untested: tensor-parallel runs eagerly
+            return None  # collectives inside compiled graphs are untested: tensor-parallel runs eagerly
         if self._static is None:
             self._static = StaticForward(self.model, compiled=True)
         return self._static
 
-    def _decoder(self, mode: str, sampling: SamplingConfig, seed: int | None, capacity: int,
-                 spec: SpeculationConfig, record_margins: bool = False, forward: Forward | None = None,
-                 drafter: Drafter | None = None) -> Decoder:
-        from .drafting import make_drafter
-        from .tokenswift import TokenSwiftDecoder
+    def _decoder(
+        self,
+        mode: str,
+        sampling: SamplingConfig,
+        seed: int | None,
+        capacity: int,
+        spec: SpeculationConfig,
+        record_margins: bool = False,
+        forward: Forward | None = None,
+        drafter: Drafter | None = None,
+    ) -> Decoder:
+        from .decode.drafting import make_drafter
+        from .decode.tokenswift import TokenSwiftDecoder
 
         generator = None
         if not sampling.greedy:
@@ -228,8 +263,9 @@ class Engine:
         if drafter is not None:
             return TokenSwiftDecoder(self.model, chooser, drafter, spec, capacity, forward)
         if self.heads is None:
-            raise HeadsError("mode tokenswift needs draft heads (--heads FILE); train them with "
-                             "`longswift train-heads`")
+            raise HeadsError(
+                "mode tokenswift needs draft heads (--heads FILE); train them with `longswift train-heads`"
+            )
         drafter = make_drafter(self.model, self.heads, sampling, spec, forward)
         decoder = TokenSwiftDecoder(self.model, chooser, drafter, spec, capacity, forward)
         if self.parallel is not None and spec.candidates == "adaptive":
@@ -242,52 +278,53 @@ class Engine:
         if prompt_len >= limit:
             raise PromptError(f"prompt has {prompt_len:,} tokens but the model supports {limit:,} positions")
         if prompt_len + max_new_tokens > limit:
-            raise PromptError(f"prompt ({prompt_len:,} tokens) + max-new-tokens ({max_new_tokens:,}) exceeds the "
-                              f"model's {limit:,} positions")
+            raise PromptError(
+                f"prompt ({prompt_len:,} tokens) + max-new-tokens ({max_new_tokens:,}) exceeds the "
+                f"model's {limit:,} positions"
+            )
 
 
-def load(model: str | Path | None = None, *, heads: str | Path | None | bool = None, device: str = "auto",
-         dtype: str = "auto", compile: str = "auto", tp: int | TensorParallel = 1) -> Engine:
+def load(
+    model: str | Path | None = None,
+    *,
+    heads: str | Path | None | bool = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    compile: CompileChoice = "auto",
+    tp: int | TensorParallel = 1,
+) -> Engine:
     """Load a local Hugging Face checkpoint directory (safetensors) and its draft heads.
 
-    model None: the embedded demonstration model. heads None: `heads.safetensors` in the model directory if
-    present, else the draft blocks embedded in a released TokenSwift checkpoint (config.json `medusa_heads`), if
-    any (either way TokenSwift is then the default mode); False: no heads; a path: that file. compile: the
-    engine's default for `stream(compile=...)` (auto | on | off), checked here so a bad value fails before loading.
+    model, heads, device, dtype and compile: as `launch.LaunchConfig` (model None: the embedded demonstration
+    model; heads None: the model directory's heads, if any, then TokenSwift is the default mode).
     tp: tensor-parallel size, in a process started by `torchrun` (every rank calls `load` and then the same
     `generate` / `stream`; torch.distributed is started from torchrun's environment if it is not yet), or a
     `TensorParallel` group from `longswift.parallel.start`.
     """
-    if model is None:
-        model = default_model_dir()
-        if model is None:
-            raise CheckpointError("no embedded default model in this install; pass a model directory")
-    checkpoint = Checkpoint.open(model)
-    if heads is None:
-        heads = heads_beside(checkpoint.path)
-    dev = resolve_device(device)
-    resolve_compile(compile, dev)
-    if compile == "on" and tp != 1:
-        raise ConfigError("--compile on is not supported with tensor parallelism (--tp > 1); use --compile off")
-    parallel = tp if isinstance(tp, TensorParallel) else _start_parallel(tp, checkpoint, dev)
-    return Engine(checkpoint, dev, resolve_dtype(dtype, dev), True if heads is None else heads, compile, parallel)
+    size = tp.size if isinstance(tp, TensorParallel) else tp
+    launch = Launch(LaunchConfig(model, heads, device, dtype, compile, size))
+    if isinstance(tp, TensorParallel):
+        launch.parallel = tp
+    elif tp != 1:
+        launch.start(_one_group(tp))
+    return Engine.launched(launch)
 
 
-def _start_parallel(tp: int, checkpoint: Checkpoint, device: torch.device) -> TensorParallel | None:
-    from .parallel import check_split, layout_from_env, start
+def _one_group(tp: int) -> Layout:
+    from .parallel import layout_from_env
 
-    if tp == 1:
-        return None
-    check_split(checkpoint.config, tp)  # before any process group is started or any weight read
     layout = layout_from_env(tp)
     if layout.groups != 1:
-        raise ConfigError(f"load(tp={tp}) runs one model over all {layout.world} processes; start "
-                          f"{tp} or use longswift.parallel.start for several groups")
-    return start(layout, device)
+        raise ConfigError(
+            f"load(tp={tp}) runs one model over all {layout.world} processes; start "
+            f"{tp} or use longswift.parallel.start for several groups"
+        )
+    return layout
 
 
-def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int], resumed: int = 0,
-            heads: str | None = None) -> GenerationResult:
+def _result(
+    decoder: Decoder, transcript: Transcript, prompt_ids: list[int], resumed: int = 0, heads: str | None = None
+) -> GenerationResult:
     """The result of the whole job; timing and speculation statistics cover this run only.
 
     After a resume, `new_tokens` counts the whole job's tokens but only `new_tokens - resumed_tokens` were
@@ -296,16 +333,24 @@ def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int], res
     times = decoder.timer.totals
     decode_s = sum(v for k, v in times.items() if k not in ("prefill", "compile"))
     n = len(transcript.ids)
-    stats = {"mode": decoder.mode, "new_tokens": n, "resumed_tokens": resumed, "prefill_s": times.get("prefill", 0.0),
-             "compile_s": times.get("compile", 0.0), "decode_s": decode_s, "tokens_per_s": (n - resumed) / decode_s if decode_s > 0 else 0.0,
-             **decoder.stats()}
+    stats = {
+        "mode": decoder.mode,
+        "new_tokens": n,
+        "resumed_tokens": resumed,
+        "prefill_s": times.get("prefill", 0.0),
+        "compile_s": times.get("compile", 0.0),
+        "decode_s": decode_s,
+        "tokens_per_s": (n - resumed) / decode_s if decode_s > 0 else 0.0,
+        **decoder.stats(),
+    }
     if decoder.mode == "tokenswift":
         stats["heads"] = heads  # "embedded" or the heads file: shows which draft heads actually ran
     margins = decoder.chooser.margins
     if margins is not None:
         margins = ([math.nan] * resumed + margins)[:n]
-    return GenerationResult(transcript.text, list(transcript.ids), prompt_ids, transcript.finish_reason or "", stats,
-                            margins)
+    return GenerationResult(
+        transcript.text, list(transcript.ids), prompt_ids, transcript.finish_reason or "", stats, margins
+    )
 
 
 def _restore(saved: JobState, fresh: JobState, decoder: Decoder, transcript: Transcript) -> None:

@@ -9,9 +9,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from .errors import CheckpointError, ConfigError
+
+# The choices that used to be free strings; `get_args` turns each into the tuple that validation checks against.
+Mode = Literal["auto", "tokenswift", "ar"]  # auto = TokenSwift when draft heads are loaded, else AR
+CompileChoice = Literal["auto", "on", "off"]  # static-shape compiled forwards (model/compiled.py)
+Draft = Literal["partial", "fused"]  # how TokenSwift drafts (SpeculationConfig)
+Candidates = Literal["all", "adaptive"]  # which candidates it verifies (SpeculationConfig)
+MODES: tuple[str, ...] = get_args(Mode)
+COMPILE_CHOICES: tuple[str, ...] = get_args(CompileChoice)
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -68,9 +76,7 @@ class ModelConfig:
         archs = raw.get("architectures") or []
         arch = archs[0] if archs else _arch_from_model_type(raw.get("model_type"))
         if arch not in SUPPORTED_ARCHITECTURES:
-            raise CheckpointError(
-                f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
+            raise CheckpointError(f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
         try:
             return _model_config(arch, raw)
         except (KeyError, TypeError, ValueError) as exc:
@@ -78,8 +84,12 @@ class ModelConfig:
 
 
 def _arch_from_model_type(model_type: str | None) -> str | None:
-    return {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-            "qwen3": "Qwen3ForCausalLM"}.get(model_type or "")
+    return {
+        "llama": "LlamaForCausalLM",
+        "mistral": "MistralForCausalLM",
+        "qwen2": "Qwen2ForCausalLM",
+        "qwen3": "Qwen3ForCausalLM",
+    }.get(model_type or "")
 
 
 def _model_config(arch: str, raw: dict[str, Any]) -> ModelConfig:
@@ -92,9 +102,11 @@ def _model_config(arch: str, raw: dict[str, Any]) -> ModelConfig:
         raise CheckpointError(f"unsupported hidden_act {raw['hidden_act']!r}; only silu is supported")
     is_qwen = arch == "Qwen2ForCausalLM"  # Qwen2 has q/k/v biases and no o bias whatever attention_bias says
     if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and (
-            raw.get("use_sliding_window") or "sliding_attention" in (raw.get("layer_types") or ())):
-        raise CheckpointError(f"{arch.removesuffix('ForCausalLM')} with use_sliding_window=true is not supported "
-                              "(per-layer windows)")
+        raw.get("use_sliding_window") or "sliding_attention" in (raw.get("layer_types") or ())
+    ):
+        raise CheckpointError(
+            f"{arch.removesuffix('ForCausalLM')} with use_sliding_window=true is not supported (per-layer windows)"
+        )
     attention_bias = bool(raw.get("attention_bias", False))
     window = raw.get("sliding_window") if arch == "MistralForCausalLM" else None
     return ModelConfig(
@@ -127,8 +139,11 @@ def _rope_config(raw: dict[str, Any]) -> RopeConfig:
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise CheckpointError(
             f"unsupported rope scaling type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
-            + (" (dynamic NTK changes frequencies with the running length, so cached keys drift)"
-               if rope_type == "dynamic" else "")
+            + (
+                " (dynamic NTK changes frequencies with the running length, so cached keys drift)"
+                if rope_type == "dynamic"
+                else ""
+            )
         )
     if rope_type != "default" and params.get("partial_rotary_factor", 1.0) != 1.0:
         raise CheckpointError("partial_rotary_factor != 1 is not supported")
@@ -171,14 +186,18 @@ class SamplingConfig:
     penalty_window: int = 0  # last W tokens (prompt included); 0 = the whole context
 
     def __post_init__(self) -> None:
-        _check(self.temperature >= 0 and math.isfinite(self.temperature),
-               f"temperature must be >= 0, got {self.temperature}")
+        _check(
+            self.temperature >= 0 and math.isfinite(self.temperature),
+            f"temperature must be >= 0, got {self.temperature}",
+        )
         _check(self.top_k >= 0, f"top-k must be >= 0, got {self.top_k}")
         _check(0 < self.top_p <= 1, f"top-p must be in (0, 1], got {self.top_p}")
         _check(0 <= self.min_p < 1, f"min-p must be in [0, 1), got {self.min_p}")
         _check(0 <= self.eta < 1, f"eta must be in [0, 1), got {self.eta}")
-        _check(self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty),
-               f"repetition penalty must be > 0, got {self.repetition_penalty}")
+        _check(
+            self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty),
+            f"repetition penalty must be > 0, got {self.repetition_penalty}",
+        )
         _check(self.penalty_window >= 0, f"penalty window must be >= 0, got {self.penalty_window}")
 
     @property
@@ -188,8 +207,8 @@ class SamplingConfig:
     @classmethod
     def paper(cls, **changes: float) -> SamplingConfig:
         """The TokenSwift paper's long-generation settings: temperature 1, min-p 0.1, penalty 1.2 over 1024 tokens."""
-        base: dict[str, float | int] = dict(temperature=1.0, min_p=0.1, repetition_penalty=1.2, penalty_window=1024)
-        return cls(**{**base, **changes})  # type: ignore[arg-type]
+        base: dict[str, Any] = dict(temperature=1.0, min_p=0.1, repetition_penalty=1.2, penalty_window=1024)
+        return cls(**{**base, **changes})
 
 
 @dataclass(frozen=True)
@@ -211,8 +230,8 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-DRAFT_MODES = ("partial", "fused")
-CANDIDATE_MODES = ("all", "adaptive")
+DRAFT_MODES: tuple[str, ...] = get_args(Draft)
+CANDIDATE_MODES: tuple[str, ...] = get_args(Candidates)
 
 
 @dataclass(frozen=True)
@@ -231,22 +250,28 @@ class SpeculationConfig:
     ngram_n: int = 4  # n-gram length
     kv_budget: int = 4096  # rows of the partial cache that drafting attends to
     sink_tokens: int = 16  # leading rows always kept in the partial cache
-    draft: str = "partial"  # "partial" (the paper's drafting forward) or "fused" (from the verification forward)
-    candidates: str = "all"  # "all" (the paper's) or "adaptive" (cost-aware subset)
+    draft: Draft = "partial"  # "partial" (the paper's drafting forward) or "fused" (from the verification forward)
+    candidates: Candidates = "all"  # "all" (the paper's) or "adaptive" (cost-aware subset)
     lookup: int = 0  # length of a prompt-lookup chain (the text after the last earlier occurrence of its tail); 0 = off
 
     def __post_init__(self) -> None:
-        _check(len(self.tree) >= 1 and all(w >= 1 for w in self.tree),
-               f"tree must list >= 1 candidates per depth, got {list(self.tree)}")
+        _check(
+            len(self.tree) >= 1 and all(w >= 1 for w in self.tree),
+            f"tree must list >= 1 candidates per depth, got {list(self.tree)}",
+        )
         _check(self.tree_nodes() <= 4096, f"tree {list(self.tree)} has {self.tree_nodes():,} nodes (max 4,096)")
         _check(self.ngram_topk >= 0, f"ngram-topk must be >= 0, got {self.ngram_topk}")
         _check(self.ngram_n >= 2, f"n-gram length must be >= 2, got {self.ngram_n}")
-        _check(0 <= self.sink_tokens < self.kv_budget,
-               f"need 0 <= sink-tokens < kv-budget, got {self.sink_tokens} and {self.kv_budget}")
+        _check(
+            0 <= self.sink_tokens < self.kv_budget,
+            f"need 0 <= sink-tokens < kv-budget, got {self.sink_tokens} and {self.kv_budget}",
+        )
         _check(0 <= self.lookup <= 64, f"lookup must be in [0, 64] tokens, got {self.lookup}")
         _check(self.draft in DRAFT_MODES, f"draft must be one of {', '.join(DRAFT_MODES)}, got {self.draft!r}")
-        _check(self.candidates in CANDIDATE_MODES,
-               f"candidates must be one of {', '.join(CANDIDATE_MODES)}, got {self.candidates!r}")
+        _check(
+            self.candidates in CANDIDATE_MODES,
+            f"candidates must be one of {', '.join(CANDIDATE_MODES)}, got {self.candidates!r}",
+        )
 
     @classmethod
     def for_device(cls, device_type: str, **changes: object) -> SpeculationConfig:
@@ -258,9 +283,12 @@ class SpeculationConfig:
         prompt-lookup chain of 16 and one n-gram chain as upper bounds, and the controller keeping only the
         candidates that pay for themselves, measured fastest on the embedded model (BENCHMARKS.md).
         """
-        base: dict[str, object] = {} if device_type == "cuda" else dict(
-            tree=(1,), ngram_topk=1, lookup=16, draft="fused", candidates="adaptive")
-        return cls(**{**base, **changes})  # type: ignore[arg-type]
+        base: dict[str, Any] = (
+            {}
+            if device_type == "cuda"
+            else dict(tree=(1,), ngram_topk=1, lookup=16, draft="fused", candidates="adaptive")
+        )
+        return cls(**{**base, **changes})
 
     def tree_nodes(self) -> int:
         """Nodes of the Cartesian head tree, root excluded."""

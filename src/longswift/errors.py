@@ -9,6 +9,9 @@ non-zero; anything else escaping is a bug in longswift, not in the user's input.
 class LongswiftError(Exception):
     """Base class of all user-facing errors."""
 
+    # A tensor-parallel rank whose group lead prints the same line sets this, so that the line is printed once.
+    silent: bool = False
+
 
 class CheckpointError(LongswiftError):
     """A model directory is missing, incomplete, corrupt or of an unsupported architecture."""

@@ -39,19 +39,59 @@ from __future__ import annotations
 from .config import DEFAULT_GREEDY, TENTHS, BenchConfig, bench_sampling, parse_ints
 from .hf import WindowedRepetitionPenalty, hf_cache_kwargs, hf_processing
 from .methods import ENGINE_KINDS, HF_KINDS, METHOD_KINDS, Method, parse_methods
-from .output import (CSV_COLUMNS, cpu_model, csv_row, environment, format_table, summary_json, write_plots,
-                     write_results)
+from .output import CSV_COLUMNS, cpu_model, csv_row, environment, format_table, summary_json, write_plots, write_results
 from .peak_memory import RSS_SAMPLE_S, PeakMemory
 from .progress import PROGRESS_EVERY_S, Progress, ProgressEvent
 from .prompts import FALLBACK_TEXT, PACKAGE_DIR, PromptSet, load_prompts  # patch PACKAGE_DIR on .prompts, not here
-from .results import CONTROLLER_STATS, BenchReport, MethodSummary, RunRecord, reference_method, summarize
-from .results import _check_identity  # noqa: F401  (private, but tests import it from longswift.bench)
+from .results import (
+    CONTROLLER_STATS,
+    BenchReport,
+    MethodSummary,
+    RunRecord,
+    _check_identity,  # noqa: F401  (private, but tests import it from longswift.bench)
+    reference_method,
+    summarize,
+)
 from .runner import resolve_model, run_bench, with_device_defaults
 
-__all__ = ["CONTROLLER_STATS", "CSV_COLUMNS", "DEFAULT_GREEDY", "ENGINE_KINDS", "FALLBACK_TEXT", "HF_KINDS",
-           "METHOD_KINDS", "PACKAGE_DIR", "PROGRESS_EVERY_S", "RSS_SAMPLE_S", "TENTHS", "BenchConfig", "BenchReport",
-           "Method", "MethodSummary", "PeakMemory", "Progress", "ProgressEvent", "PromptSet", "RunRecord",
-           "WindowedRepetitionPenalty", "bench_sampling", "cpu_model", "csv_row", "environment", "format_table",
-           "hf_cache_kwargs", "hf_processing", "load_prompts", "parse_ints", "parse_methods", "reference_method",
-           "resolve_model", "run_bench", "summarize", "summary_json", "with_device_defaults", "write_plots",
-           "write_results"]
+__all__ = [
+    "CONTROLLER_STATS",
+    "CSV_COLUMNS",
+    "DEFAULT_GREEDY",
+    "ENGINE_KINDS",
+    "FALLBACK_TEXT",
+    "HF_KINDS",
+    "METHOD_KINDS",
+    "PACKAGE_DIR",
+    "PROGRESS_EVERY_S",
+    "RSS_SAMPLE_S",
+    "TENTHS",
+    "BenchConfig",
+    "BenchReport",
+    "Method",
+    "MethodSummary",
+    "PeakMemory",
+    "Progress",
+    "ProgressEvent",
+    "PromptSet",
+    "RunRecord",
+    "WindowedRepetitionPenalty",
+    "bench_sampling",
+    "cpu_model",
+    "csv_row",
+    "environment",
+    "format_table",
+    "hf_cache_kwargs",
+    "hf_processing",
+    "load_prompts",
+    "parse_ints",
+    "parse_methods",
+    "reference_method",
+    "resolve_model",
+    "run_bench",
+    "summarize",
+    "summary_json",
+    "with_device_defaults",
+    "write_plots",
+    "write_results",
+]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from ..config import SamplingConfig
 from ..errors import ConfigError
-from ..profile import ProfileConfig
 from .methods import Method
+from .profile import ProfileConfig
 
 DEFAULT_GREEDY = SamplingConfig(repetition_penalty=1.2, penalty_window=1024)
 TENTHS = 10
@@ -36,15 +37,21 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         _check(len(self.methods) >= 1, "no methods to benchmark")
-        _check(len({m.name for m in self.methods}) == len(self.methods),
-               f"duplicate methods in {[m.name for m in self.methods]}")
-        _check(len(self.gen_lengths) >= 1 and all(n >= 1 for n in self.gen_lengths),
-               f"generation lengths must be >= 1, got {list(self.gen_lengths)}")
+        _check(
+            len({m.name for m in self.methods}) == len(self.methods),
+            f"duplicate methods in {[m.name for m in self.methods]}",
+        )
+        _check(
+            len(self.gen_lengths) >= 1 and all(n >= 1 for n in self.gen_lengths),
+            f"generation lengths must be >= 1, got {list(self.gen_lengths)}",
+        )
         _check(self.prompt_len >= 1, f"prompt length must be >= 1, got {self.prompt_len}")
         _check(self.repeats >= 1, f"repeats must be >= 1, got {self.repeats}")
         _check(self.warmup_tokens >= 1, f"warm-up tokens must be >= 1, got {self.warmup_tokens}")
-        _check(self.curve_points >= TENTHS and self.curve_points % TENTHS == 0,
-               f"curve points must be a positive multiple of {TENTHS}, got {self.curve_points}")
+        _check(
+            self.curve_points >= TENTHS and self.curve_points % TENTHS == 0,
+            f"curve points must be a positive multiple of {TENTHS}, got {self.curve_points}",
+        )
 
 
 def _check(ok: bool, message: str) -> None:
@@ -52,17 +59,21 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def bench_sampling(sample: bool, repetition_penalty: float | None = None,
-                   penalty_window: int | None = None) -> SamplingConfig:
+def bench_sampling(
+    sample: bool, repetition_penalty: float | None = None, penalty_window: int | None = None
+) -> SamplingConfig:
     """The benchmark's sampling: greedy (penalty 1.2, window 1024) or the paper's sampling, with overrides."""
     base = SamplingConfig.paper() if sample else DEFAULT_GREEDY
-    changes = {k: v for k, v in (("repetition_penalty", repetition_penalty), ("penalty_window", penalty_window))
-               if v is not None}
+    changes: dict[str, Any] = {
+        k: v
+        for k, v in (("repetition_penalty", repetition_penalty), ("penalty_window", penalty_window))
+        if v is not None
+    }
     return replace(base, **changes)
 
 
 def parse_ints(text: str, what: str) -> tuple[int, ...]:
-    """"2048,8192" -> (2048, 8192); `what` names the flag in the error ("--gen-lengths")."""
+    """ "2048,8192" -> (2048, 8192); `what` names the flag in the error ("--gen-lengths")."""
     try:
         values = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:

@@ -75,8 +75,13 @@ def hf_processing(sampling: SamplingConfig) -> tuple[dict[str, Any], list[Any]]:
         penalty = [WindowedRepetitionPenalty(sampling.repetition_penalty, sampling.penalty_window)]
     if sampling.greedy:
         return {"do_sample": False}, penalty
-    from transformers.generation.logits_process import (EtaLogitsWarper, MinPLogitsWarper, TemperatureLogitsWarper,
-                                                        TopKLogitsWarper, TopPLogitsWarper)
+    from transformers.generation.logits_process import (
+        EtaLogitsWarper,
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     warpers: list[Any] = [TemperatureLogitsWarper(sampling.temperature)] if sampling.temperature != 1.0 else []
     if sampling.top_k:
@@ -98,7 +103,7 @@ class WindowedRepetitionPenalty:
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """input_ids (B, T), scores (B, V) -> penalised scores (B, V)."""
-        ids = input_ids[:, -self.window:] if self.window else input_ids
+        ids = input_ids[:, -self.window :] if self.window else input_ids
         picked = scores.gather(1, ids)
         picked = torch.where(picked < 0, picked * self.penalty, picked / self.penalty)
         return scores.scatter(1, ids, picked)

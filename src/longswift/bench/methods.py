@@ -7,9 +7,9 @@ Specs look like "ar,hf,tokenswift:tree=1-3-3,k=8,budget=1024": kinds are comma-s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from ..config import SpeculationConfig
+from ..config import Candidates, SpeculationConfig
 from ..errors import ConfigError
 
 ENGINE_KINDS = ("ar", "tokenswift")
@@ -42,10 +42,21 @@ class Replay:
     depth: int = 4
 
 
-_TOKENSWIFT_KEYS = {"tree": "tree", "k": "ngram_topk", "ngram_topk": "ngram_topk", "budget": "kv_budget",
-                    "kv_budget": "kv_budget", "sink": "sink_tokens", "sink_tokens": "sink_tokens", "n": "ngram_n",
-                    "ngram_n": "ngram_n", "draft": "draft", "cand": "candidates", "candidates": "candidates",
-                    "lookup": "lookup"}
+_TOKENSWIFT_KEYS = {
+    "tree": "tree",
+    "k": "ngram_topk",
+    "ngram_topk": "ngram_topk",
+    "budget": "kv_budget",
+    "kv_budget": "kv_budget",
+    "sink": "sink_tokens",
+    "sink_tokens": "sink_tokens",
+    "n": "ngram_n",
+    "ngram_n": "ngram_n",
+    "draft": "draft",
+    "cand": "candidates",
+    "candidates": "candidates",
+    "lookup": "lookup",
+}
 _TOKENSWIFT_WORDS = {"draft", "candidates"}  # options whose values are words, not integers
 _HF_KEYS = {"hf": ("cache", "compile"), "hf-lookup": ("cache", "compile", "tokens", "ngram")}
 
@@ -96,14 +107,25 @@ def _method(group: list[str]) -> Method:
             raise ConfigError(f"option attn={attention!r} in {name!r}: use auto or dense")
         replay = _replay(options, name)
         if replay is not None:
-            spec = SpeculationConfig(draft="fused", tree=(1,) * replay.depth, ngram_topk=0, lookup=0,
-                                     candidates=options.pop("cand", "all"))
+            spec = SpeculationConfig(
+                draft="fused",
+                tree=(1,) * replay.depth,
+                ngram_topk=0,
+                lookup=0,
+                candidates=cast(Candidates, options.pop("cand", "all")),
+            )
             if options:
-                raise ConfigError(f"drafter=replay in {name!r} takes accept, depth, cand, attn and compile; "
-                                  f"got {sorted(options)}")
+                raise ConfigError(
+                    f"drafter=replay in {name!r} takes accept, depth, cand, attn and compile; got {sorted(options)}"
+                )
             return Method(name, kind, speculation=spec, attention=attention, compile=compile_, replay=replay)
-        return Method(name, kind, speculation=_speculation(options, name) if options else None, attention=attention,
-                      compile=compile_)
+        return Method(
+            name,
+            kind,
+            speculation=_speculation(options, name) if options else None,
+            attention=attention,
+            compile=compile_,
+        )
     return _hf_method(name, kind, options)
 
 
@@ -144,8 +166,10 @@ def _speculation(options: dict[str, str], name: str) -> SpeculationConfig:
     values: dict[str, Any] = {}
     for key, raw in options.items():
         if key not in _TOKENSWIFT_KEYS:
-            raise ConfigError(f"unknown tokenswift option {key!r} in {name!r}; "
-                              "use tree, k, budget, sink, n, draft, cand, lookup, attn, compile, drafter")
+            raise ConfigError(
+                f"unknown tokenswift option {key!r} in {name!r}; "
+                "use tree, k, budget, sink, n, draft, cand, lookup, attn, compile, drafter"
+            )
         target = _TOKENSWIFT_KEYS[key]
         if target in values:
             raise ConfigError(f"option {target} given twice in {name!r}")
@@ -182,5 +206,4 @@ def _hf_method(name: str, kind: str, options: dict[str, str]) -> Method:
     ngram = _int(options.get("ngram", "2"), "ngram", name)
     if tokens < 1 or ngram < 1:
         raise ConfigError(f"{kind} tokens and ngram must be >= 1, got {tokens} and {ngram}")
-    return Method(name, kind, hf_cache=cache, hf_compile=compile_ == "auto", lookup_tokens=tokens,
-                  lookup_ngram=ngram)
+    return Method(name, kind, hf_cache=cache, hf_compile=compile_ == "auto", lookup_tokens=tokens, lookup_ngram=ngram)

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from ..config import SamplingConfig
-from ..metrics import milestone_targets
-from ..profile import write_profile
 from .config import TENTHS
+from .metrics import milestone_targets
+from .profile import write_profile
 from .results import BenchReport, MethodSummary, reference_method
 
 
@@ -23,21 +23,33 @@ def environment(engine: Any, model_dir: Path, heads: Path | None) -> dict[str, A
     """Versions, hardware and model facts, so that a results file says what it was measured on."""
     import transformers
 
-    from .. import __version__
+    from ..version import __version__
 
     dev = engine.device
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "longswift": __version__, "platform": platform.platform(), "cpu": cpu_model(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-            "device": str(dev), "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-            "dtype": str(engine.dtype).removeprefix("torch."), "model": str(model_dir),
-            "heads": str(heads) if heads else engine.heads_source, "model_parameters": sum(p.numel() for p in
-                                                                             engine.model.parameters()),
-            "max_position_embeddings": engine.model.cfg.max_position_embeddings,
-            "memory_measure": ("torch.cuda.max_memory_allocated" if dev.type == "cuda"
-                               else "peak RSS sampled every 20 ms (/proc/self/statm), whole process"),
-            "hf_prefill_measure": "streamer: prompt put -> first new token put (cache set-up + prefill + choice)"}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "longswift": __version__,
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "dtype": str(engine.dtype).removeprefix("torch."),
+        "model": str(model_dir),
+        "heads": str(heads) if heads else engine.heads_source,
+        "model_parameters": sum(p.numel() for p in engine.model.parameters()),
+        "max_position_embeddings": engine.model.cfg.max_position_embeddings,
+        "memory_measure": (
+            "torch.cuda.max_memory_allocated"
+            if dev.type == "cuda"
+            else "peak RSS sampled every 20 ms (/proc/self/statm), whole process"
+        ),
+        "hf_prefill_measure": "streamer: prompt put -> first new token put (cache set-up + prefill + choice)",
+    }
 
 
 def cpu_model() -> str:
@@ -50,10 +62,27 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-CSV_COLUMNS = ("method", "gen_len", "prefill_s", "decode_s", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf",
-               "mean_accepted", "acceptance_rate", "ngram_share", "distinct_1", "distinct_2", "distinct_3",
-               "distinct_4", "peak_mem_mb", "identical", "first_diff", "mismatch", "margin_at_diff") + tuple(
-                   f"ms_per_token_{i}0pct" for i in range(1, TENTHS + 1))
+CSV_COLUMNS = (
+    "method",
+    "gen_len",
+    "prefill_s",
+    "decode_s",
+    "tokens_per_s",
+    "speedup_vs_ar",
+    "speedup_vs_hf",
+    "mean_accepted",
+    "acceptance_rate",
+    "ngram_share",
+    "distinct_1",
+    "distinct_2",
+    "distinct_3",
+    "distinct_4",
+    "peak_mem_mb",
+    "identical",
+    "first_diff",
+    "mismatch",
+    "margin_at_diff",
+) + tuple(f"ms_per_token_{i}0pct" for i in range(1, TENTHS + 1))
 
 
 def csv_row(s: MethodSummary) -> dict[str, Any]:
@@ -103,8 +132,12 @@ def write_plots(report: BenchReport, out: Path) -> list[Path]:
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4))
     for m in report.config.methods:
-        ax.plot(lengths, [report.summary(m.name, n).speedup_vs_ar or float("nan") for n in lengths], marker="o",
-                label=m.name)
+        ax.plot(
+            lengths,
+            [report.summary(m.name, n).speedup_vs_ar or float("nan") for n in lengths],
+            marker="o",
+            label=m.name,
+        )
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set(xlabel="generated tokens", ylabel="decode speedup over ar (×)", xscale="log")
     ax.set_xticks(lengths, [f"{n:,}" for n in lengths])
@@ -119,33 +152,43 @@ def write_plots(report: BenchReport, out: Path) -> list[Path]:
 
 def format_table(report: BenchReport) -> str:
     """A fixed-width table of the summaries, one row per (length, method)."""
-    head = (f"{'tokens':>8} {'method':<36} {'prefill s':>9} {'decode s':>9} {'tok/s':>8} {'vs ar':>6} {'vs hf':>6} "
-            f"{'acc/step':>8} {'α':>5} {'ngram':>5} {'dist-4':>6} {'mem MB':>8}  identical")
+    head = (
+        f"{'tokens':>8} {'method':<36} {'prefill s':>9} {'decode s':>9} {'tok/s':>8} {'vs ar':>6} {'vs hf':>6} "
+        f"{'acc/step':>8} {'α':>5} {'ngram':>5} {'dist-4':>6} {'mem MB':>8}  identical"
+    )
     lines = [head, "-" * len(head)]
     reference = reference_method(report.config).name
     for s in report.summaries:
         same = {True: "yes", False: _difference(s), None: "n/a"}[s.identical]
         same = "(reference)" if s.method == reference else same
-        lines.append(f"{s.gen_len:>8,} {s.method[:36]:<36} {s.prefill_s:>9.3f} {s.decode_s:>9.3f} "
-                     f"{s.tokens_per_s:>8.1f} {_x(s.speedup_vs_ar):>6} {_x(s.speedup_vs_hf):>6} "
-                     f"{_f(s.mean_accepted, 2):>8} {_f(s.acceptance_rate, 2):>5} {_f(s.ngram_share, 2):>5} "
-                     f"{s.distinct[3]:>6.3f} {_f(s.peak_mem_mb, 0):>8}  {same}")
+        lines.append(
+            f"{s.gen_len:>8,} {s.method[:36]:<36} {s.prefill_s:>9.3f} {s.decode_s:>9.3f} "
+            f"{s.tokens_per_s:>8.1f} {_x(s.speedup_vs_ar):>6} {_x(s.speedup_vs_hf):>6} "
+            f"{_f(s.mean_accepted, 2):>8} {_f(s.acceptance_rate, 2):>5} {_f(s.ngram_share, 2):>5} "
+            f"{s.distinct[3]:>6.3f} {_f(s.peak_mem_mb, 0):>8}  {same}"
+        )
     for s in report.summaries:
         if s.controller:
             c = s.controller
-            lines.append(f"{s.gen_len:>8,} {s.method[:36]:<36} controller: {c.get('mean_verified_nodes', 0):.1f} nodes "
-                         f"verified per step, root alone {c.get('root_only_share', 0):.0%}, drafted "
-                         f"{c.get('drafted_share', 0):.0%}, step ms "
-                         + (f"predicted {c['predicted_step_ms']:.1f} / " if "predicted_step_ms" in c else "")
-                         + f"measured {c.get('measured_step_ms', 0):.1f}")
+            lines.append(
+                f"{s.gen_len:>8,} {s.method[:36]:<36} controller: {c.get('mean_verified_nodes', 0):.1f} nodes "
+                f"verified per step, root alone {c.get('root_only_share', 0):.0%}, drafted "
+                f"{c.get('drafted_share', 0):.0%}, step ms "
+                + (f"predicted {c['predicted_step_ms']:.1f} / " if "predicted_step_ms" in c else "")
+                + f"measured {c.get('measured_step_ms', 0):.1f}"
+            )
     env = report.environment
-    lines.append(f"device {env['device_name']} ({env['dtype']}), {env['cpu']}; prompts: {report.prompts.source} "
-                 f"({report.config.prompt_len} tokens); sampling: {_sampling_label(report.config.sampling)}")
+    lines.append(
+        f"device {env['device_name']} ({env['dtype']}), {env['cpu']}; prompts: {report.prompts.source} "
+        f"({report.config.prompt_len} tokens); sampling: {_sampling_label(report.config.sampling)}"
+    )
     if report.prompts.note:
         lines.append(f"note: {report.prompts.note}")
     if any(m.replay is not None for m in report.config.methods):
-        lines.append("note: drafter=replay rows are synthetic (the AR output replayed at a chosen acceptance): they "
-                     "measure the engine, not a speedup anyone gets from draft heads")
+        lines.append(
+            "note: drafter=replay rows are synthetic (the AR output replayed at a chosen acceptance): they "
+            "measure the engine, not a speedup anyone gets from draft heads"
+        )
     return "\n".join(lines)
 
 
@@ -164,15 +207,24 @@ def _sampling_label(s: SamplingConfig) -> str:
 
 def summary_json(report: BenchReport) -> str:
     """One line of JSON: the speedups and the lossless verdict, for logs and CI."""
-    return json.dumps({
-        "model": report.environment["model"], "device": report.environment["device_name"],
-        "dtype": report.environment["dtype"], "greedy": report.config.sampling.greedy,
-        "lossless": report.lossless(),
-        "speedup_vs_ar": {m.name: {str(n): _round(report.summary(m.name, n).speedup_vs_ar)
-                                   for n in report.config.gen_lengths} for m in report.config.methods},
-        "tokens_per_s": {m.name: {str(n): _round(report.summary(m.name, n).tokens_per_s)
-                                  for n in report.config.gen_lengths} for m in report.config.methods},
-    }, separators=(",", ":"))
+    return json.dumps(
+        {
+            "model": report.environment["model"],
+            "device": report.environment["device_name"],
+            "dtype": report.environment["dtype"],
+            "greedy": report.config.sampling.greedy,
+            "lossless": report.lossless(),
+            "speedup_vs_ar": {
+                m.name: {str(n): _round(report.summary(m.name, n).speedup_vs_ar) for n in report.config.gen_lengths}
+                for m in report.config.methods
+            },
+            "tokens_per_s": {
+                m.name: {str(n): _round(report.summary(m.name, n).tokens_per_s) for n in report.config.gen_lengths}
+                for m in report.config.methods
+            },
+        },
+        separators=(",", ":"),
+    )
 
 
 def _round(v: float | None) -> float | None:

@@ -25,8 +25,8 @@ class PeakMemory:
     def __enter__(self) -> PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        elif _rss_bytes() is not None:
-            self.peak_mb = _rss_bytes() / 2**20  # type: ignore[operator]
+        elif (rss := _rss_bytes()) is not None:
+            self.peak_mb = rss / 2**20
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
         return self

@@ -41,17 +41,30 @@ class _Tracker:
         self._last = 0.0
 
     def phase(self, phase: str, method: str = "", tokens: int = 0) -> None:
-        self.callback(ProgressEvent(phase, self.done, self.total, self.tokens_done, self.tokens_total, method,
-                                    tokens=tokens))
+        self.callback(
+            ProgressEvent(phase, self.done, self.total, self.tokens_done, self.tokens_total, method, tokens=tokens)
+        )
 
     def tokens(self, method: Method, n: int, repeat: int, tokens: int) -> None:
         t = time.perf_counter()
         if t - self._last >= PROGRESS_EVERY_S:  # the callback runs inside timed loops: keep it rare
             self._last = t
-            self.callback(ProgressEvent("run", self.done, self.total, self.tokens_done + tokens, self.tokens_total,
-                                        method.name, n, repeat, tokens))
+            self.callback(
+                ProgressEvent(
+                    "run",
+                    self.done,
+                    self.total,
+                    self.tokens_done + tokens,
+                    self.tokens_total,
+                    method.name,
+                    n,
+                    repeat,
+                    tokens,
+                )
+            )
 
     def finished(self, method: Method, n: int, repeat: int) -> None:
         self.done, self.tokens_done = self.done + 1, self.tokens_done + n
-        self.callback(ProgressEvent("run", self.done, self.total, self.tokens_done, self.tokens_total, method.name,
-                                    n, repeat, n))
+        self.callback(
+            ProgressEvent("run", self.done, self.total, self.tokens_done, self.tokens_total, method.name, n, repeat, n)
+        )

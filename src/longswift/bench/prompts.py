@@ -41,8 +41,10 @@ def load_prompts(tokenizer: Any, path: Path | None, prompt_len: int, count: int)
         path = default
     if path is None:
         texts, source = [FALLBACK_TEXT], "builtin"
-        note = ("no prompts file: a public-domain paragraph repeated to the prompt length; its periodicity "
-                "flatters n-gram reuse (tokenswift, hf-lookup)")
+        note = (
+            "no prompts file: a public-domain paragraph repeated to the prompt length; its periodicity "
+            "flatters n-gram reuse (tokenswift, hf-lookup)"
+        )
     else:
         texts, source, note = _read_prompts(path), str(path), ""
     ids = [_prompt_ids(tokenizer, texts, i, prompt_len) for i in range(min(count, len(texts)))]
@@ -63,7 +65,7 @@ def _read_prompts(path: Path) -> list[str]:
         except (json.JSONDecodeError, AttributeError):
             text = None
         if not isinstance(text, str) or not text.strip():
-            raise PromptError(f"{path}:{number}: expected a JSON object with a non-empty \"text\"")
+            raise PromptError(f'{path}:{number}: expected a JSON object with a non-empty "text"')
         texts.append(text)
     if not texts:
         raise PromptError(f"prompts file {path} has no prompts")

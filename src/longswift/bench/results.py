@@ -7,8 +7,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..identity import NEAR_TIE_FP32, compare
-from ..metrics import (
+from .config import TENTHS, BenchConfig
+from .identity import NEAR_TIE_FP32, compare
+from .methods import ENGINE_KINDS, Method
+from .metrics import (
     acceptance_rate,
     distinct_n,
     median,
@@ -18,9 +20,7 @@ from ..metrics import (
     paired_speedup,
     times_at,
 )
-from ..profile import ProfileReport
-from .config import TENTHS, BenchConfig
-from .methods import ENGINE_KINDS, Method
+from .profile import ProfileReport
 from .prompts import PromptSet
 
 
@@ -70,8 +70,14 @@ class MethodSummary:
 
 
 # What the speculation controller did, per run (medians in the summary): see TokenSwiftDecoder.stats.
-CONTROLLER_STATS = ("root_only_share", "drafted_share", "mean_verified_nodes", "predicted_step_ms",
-                    "measured_step_ms", "calibrations")
+CONTROLLER_STATS = (
+    "root_only_share",
+    "drafted_share",
+    "mean_verified_nodes",
+    "predicted_step_ms",
+    "measured_step_ms",
+    "calibrations",
+)
 
 
 @dataclass
@@ -97,13 +103,23 @@ class BenchReport:
         return all(checks) if checks else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"config": _jsonable(self.config), "environment": self.environment,
-                "prompts": {"source": self.prompts.source, "count": len(self.prompts.ids),
-                            "tokens": [len(p) for p in self.prompts.ids], "note": self.prompts.note},
-                "started_at": self.started_at, "finished_at": self.finished_at, "lossless": self.lossless(),
-                "summaries": [asdict(s) for s in self.summaries], "runs": [asdict(r) for r in self.runs],
-                "profile": self.profile.to_dict() if self.profile else None,
-                "files": [str(f) for f in self.files]}
+        return {
+            "config": _jsonable(self.config),
+            "environment": self.environment,
+            "prompts": {
+                "source": self.prompts.source,
+                "count": len(self.prompts.ids),
+                "tokens": [len(p) for p in self.prompts.ids],
+                "note": self.prompts.note,
+            },
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "lossless": self.lossless(),
+            "summaries": [asdict(s) for s in self.summaries],
+            "runs": [asdict(r) for r in self.runs],
+            "profile": self.profile.to_dict() if self.profile else None,
+            "files": [str(f) for f in self.files],
+        }
 
 
 def _jsonable(obj: Any) -> Any:
@@ -127,26 +143,55 @@ class _Observation:
     margins: list[float] | None = None  # longswift's methods: each token's decision margin
 
 
-def _record(method: Method, n: int, repeat: int, obs: _Observation, peak_mb: float | None,
-            curve_points: int) -> RunRecord:
+def _record(
+    method: Method, n: int, repeat: int, obs: _Observation, peak_mb: float | None, curve_points: int
+) -> RunRecord:
     if len(obs.ids) != n:
         raise RuntimeError(f"{method.name} generated {len(obs.ids)} tokens, expected {n}")
     targets = milestone_targets(n, curve_points)
-    keep = ("steps", "mean_accepted", "acceptance_rate", "ngram_share", "tokens_per_step", "draft_s", "verify_s",
-            "bookkeeping_s", "partial_cache_selections", "decode_s", *CONTROLLER_STATS, "verified_nodes",
-            "hindsight_acceptance", "draft", "candidates", "calibrate_s")
+    keep = (
+        "steps",
+        "mean_accepted",
+        "acceptance_rate",
+        "ngram_share",
+        "tokens_per_step",
+        "draft_s",
+        "verify_s",
+        "bookkeeping_s",
+        "partial_cache_selections",
+        "decode_s",
+        *CONTROLLER_STATS,
+        "verified_nodes",
+        "hindsight_acceptance",
+        "draft",
+        "candidates",
+        "calibrate_s",
+    )
     stats = {("engine_decode_s" if k == "decode_s" else k): v for k, v in obs.stats.items() if k in keep}
     if method.speculation is not None and "tokens_per_step" in stats:
         # α over the deepest path a step can accept (n-gram chains can be deeper than the head tree), so α <= 1.
         stats["engine_acceptance_rate"] = stats.get("acceptance_rate")
         stats["acceptance_rate"] = acceptance_rate(stats["tokens_per_step"], method.speculation.max_depth())
-    return RunRecord(method.name, n, repeat, obs.prefill_s, obs.marks[-1][0], times_at(obs.marks, targets),
-                     len(obs.marks), [distinct_n(obs.ids, k) for k in range(1, 5)], peak_mb, stats)
+    return RunRecord(
+        method.name,
+        n,
+        repeat,
+        obs.prefill_s,
+        obs.marks[-1][0],
+        times_at(obs.marks, targets),
+        len(obs.marks),
+        [distinct_n(obs.ids, k) for k in range(1, 5)],
+        peak_mb,
+        stats,
+    )
 
 
-def _check_identity(cfg: BenchConfig, group: list[tuple[RunRecord, list[int]]],
-                    margins: dict[str, list[float] | None] | None = None,
-                    bound: float | None = NEAR_TIE_FP32) -> None:
+def _check_identity(
+    cfg: BenchConfig,
+    group: list[tuple[RunRecord, list[int]]],
+    margins: dict[str, list[float] | None] | None = None,
+    bound: float | None = NEAR_TIE_FP32,
+) -> None:
     """Compare every run of one (length, repeat) with the `ar` run (or the first method's when `ar` is absent).
 
     Greedy: every method must match. Sampling: longswift's methods consume the seeded generator in lockstep, so
@@ -178,33 +223,47 @@ def summarize(cfg: BenchConfig, runs: list[RunRecord]) -> list[MethodSummary]:
     hf = next((m.name for m in cfg.methods if m.kind == "hf"), None)
     out = []
     for n in cfg.gen_lengths:
-        group = {m.name: sorted((r for r in runs if r.method == m.name and r.gen_len == n), key=lambda r: r.repeat)
-                 for m in cfg.methods}
+        group = {
+            m.name: sorted((r for r in runs if r.method == m.name and r.gen_len == n), key=lambda r: r.repeat)
+            for m in cfg.methods
+        }
         for method in cfg.methods:
-            out.append(_summary(method.name, n, group[method.name], group.get(ar or ""), group.get(hf or ""),
-                                cfg.curve_points))
+            out.append(
+                _summary(method.name, n, group[method.name], group.get(ar or ""), group.get(hf or ""), cfg.curve_points)
+            )
     return out
 
 
-def _summary(name: str, n: int, runs: list[RunRecord], ar: list[RunRecord] | None, hf: list[RunRecord] | None,
-             curve_points: int) -> MethodSummary:
+def _summary(
+    name: str, n: int, runs: list[RunRecord], ar: list[RunRecord] | None, hf: list[RunRecord] | None, curve_points: int
+) -> MethodSummary:
     decode = [r.decode_s for r in runs]
     curve = median_rows([r.curve_s for r in runs])
     step = curve_points // TENTHS
     targets = milestone_targets(n, curve_points)
-    tenths_t, tenths_n = curve[step - 1::step], targets[step - 1::step]
+    tenths_t, tenths_n = curve[step - 1 :: step], targets[step - 1 :: step]
     diffs = [r.first_diff for r in runs if r.first_diff is not None]
     earliest = min((r for r in runs if r.first_diff is not None), key=lambda r: r.first_diff or 0, default=None)
     checks = [r.identical for r in runs if r.identical is not None]
     mean_accepted = median([r.stats.get("mean_accepted", n / r.steps if r.steps else None) for r in runs])
     return MethodSummary(
-        name, n, median([r.prefill_s for r in runs]) or 0.0, median(decode) or 0.0,
-        median([n / d if d > 0 else 0.0 for d in decode]) or 0.0, ms_per_token(tenths_t, tenths_n), curve,
+        name,
+        n,
+        median([r.prefill_s for r in runs]) or 0.0,
+        median(decode) or 0.0,
+        median([n / d if d > 0 else 0.0 for d in decode]) or 0.0,
+        ms_per_token(tenths_t, tenths_n),
+        curve,
         paired_speedup([r.decode_s for r in ar], decode) if ar else None,
         paired_speedup([r.decode_s for r in hf], decode) if hf else None,
-        mean_accepted, median([r.stats.get("acceptance_rate") for r in runs]),
+        mean_accepted,
+        median([r.stats.get("acceptance_rate") for r in runs]),
         median([r.stats.get("ngram_share") for r in runs]),
-        median_rows([r.distinct for r in runs]), median([r.peak_mem_mb for r in runs]),
-        all(checks) if checks else None, min(diffs) if diffs else None,
+        median_rows([r.distinct for r in runs]),
+        median([r.peak_mem_mb for r in runs]),
+        all(checks) if checks else None,
+        min(diffs) if diffs else None,
         {k: v for k in CONTROLLER_STATS if (v := median([r.stats.get(k) for r in runs])) is not None},
-        earliest.mismatch if earliest else None, earliest.margin_at_diff if earliest else None)
+        earliest.mismatch if earliest else None,
+        earliest.margin_at_diff if earliest else None,
+    )

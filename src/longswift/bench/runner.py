@@ -11,21 +11,22 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from ..checkpoint import Checkpoint
-from ..config import SpeculationConfig
+from ..config import Mode, SpeculationConfig
+from ..decode.replay import ReplayDrafter
 from ..errors import CheckpointError, ConfigError, PromptError
-from ..identity import near_tie_bound
-from ..profile import run_profile
-from ..replay import ReplayDrafter
+from ..jobs.request import GenerationRequest
+from ..model.checkpoint import Checkpoint
 from .config import BenchConfig
 from .hf import _load_hf, _quiet_transformers, _StreamMarks, hf_cache_kwargs, hf_processing
+from .identity import near_tie_bound
 from .methods import HF_KINDS, Method
 from .output import environment, write_results
 from .peak_memory import PeakMemory
+from .profile import run_profile
 from .progress import Progress, _Tracker
 from .prompts import PACKAGE_DIR, load_prompts
 from .results import BenchReport, RunRecord, _check_identity, _Observation, _record, summarize
@@ -69,8 +70,12 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport
 def with_device_defaults(cfg: BenchConfig, device_type: str) -> BenchConfig:
     """Plain `tokenswift` runs the engine's defaults for the device; write them into the config, so that
     results.json says which tree and n-gram settings ran even after the defaults change."""
-    methods = tuple(replace(m, speculation=SpeculationConfig.for_device(device_type))
-                    if m.kind == "tokenswift" and m.speculation is None else m for m in cfg.methods)
+    methods = tuple(
+        replace(m, speculation=SpeculationConfig.for_device(device_type))
+        if m.kind == "tokenswift" and m.speculation is None
+        else m
+        for m in cfg.methods
+    )
     return replace(cfg, methods=methods)
 
 
@@ -95,7 +100,7 @@ def resolve_model(cfg: BenchConfig) -> tuple[Path, Path | None]:
 
 def _embeds_heads(model: Path) -> bool:
     """A released TokenSwift checkpoint: its draft blocks live in the model's own weights."""
-    from ..released import embedded_block_count
+    from ..model.released import embedded_block_count
 
     try:
         return embedded_block_count(Checkpoint.open(model)) > 0
@@ -115,8 +120,10 @@ def _prepare_out(out: Path) -> None:
 def _check_fits(limit: int, cfg: BenchConfig) -> None:
     need = cfg.prompt_len + max(cfg.gen_lengths)
     if need > limit:
-        raise PromptError(f"prompt ({cfg.prompt_len:,} tokens) + the longest generation ({max(cfg.gen_lengths):,}) "
-                          f"needs {need:,} positions but the model supports {limit:,}")
+        raise PromptError(
+            f"prompt ({cfg.prompt_len:,} tokens) + the longest generation ({max(cfg.gen_lengths):,}) "
+            f"needs {need:,} positions but the model supports {limit:,}"
+        )
 
 
 def _now() -> str:
@@ -147,8 +154,9 @@ class _Runner:
             if method.kind in HF_KINDS and method.hf_cache == "static":
                 self._hf(method, prompt, min(self.cfg.warmup_tokens, n), lambda tokens: None, cache_len=n)
 
-    def timed(self, method: Method, prompt: list[int], n: int, repeat: int,
-              track: _Tracker) -> tuple[RunRecord, list[int]]:
+    def timed(
+        self, method: Method, prompt: list[int], n: int, repeat: int, track: _Tracker
+    ) -> tuple[RunRecord, list[int]]:
         with PeakMemory(self.device) as memory:
             obs = self._generate(method, prompt, n, lambda tokens: track.tokens(method, n, repeat, tokens))
         track.finished(method, n, repeat)
@@ -168,9 +176,17 @@ class _Runner:
 
     def _engine_run(self, method: Method, prompt: list[int], n: int, tick: Callable[[int], None]) -> _Observation:
         # stream() runs the prefill before returning; decoding starts with the first next().
-        stream = self.engine.stream(prompt, n, sampling=self.cfg.sampling, seed=self.cfg.seed, ignore_eos=True,
-                                    mode=method.kind, speculation=method.speculation, record_margins=True,
-                                    compile=method.compile, drafter=self._replay(method, prompt, n))
+        stream = self.engine.stream(
+            self._request(
+                prompt,
+                n,
+                method.kind,
+                speculation=method.speculation,
+                record_margins=True,
+                compile=method.compile,
+                drafter=self._replay(method, prompt, n),
+            )
+        )
         marks, count = [], 0
         t0 = self.now()
         for piece in stream:
@@ -182,6 +198,13 @@ class _Runner:
         assert result is not None
         return _Observation(result.token_ids, result.stats["prefill_s"], marks, dict(result.stats), result.margins)
 
+    def _request(self, prompt: list[int], n: int, mode: str, **settings: Any) -> GenerationRequest:
+        """A fixed-length request with the bench's sampling and seed, the same for every method."""
+        # An engine method's kind is an engine mode (methods.ENGINE_KINDS); the request checks it again.
+        return GenerationRequest(
+            tuple(prompt), n, self.cfg.sampling, seed=self.cfg.seed, ignore_eos=True, mode=cast(Mode, mode), **settings
+        )
+
     def _replay(self, method: Method, prompt: list[int], n: int) -> ReplayDrafter | None:
         """The replay drafter for a synthetic method, over the AR output of this prompt and length (generated
         untimed here when no `ar` method ran it first)."""
@@ -189,14 +212,19 @@ class _Runner:
             return None
         key = (tuple(prompt), n)
         if key not in self.references:
-            result = self.engine.generate(prompt, n, sampling=self.cfg.sampling, seed=self.cfg.seed, ignore_eos=True,
-                                          mode="ar")
+            result = self.engine.generate(self._request(prompt, n, "ar"))
             self.references[key] = list(prompt) + result.token_ids
-        return ReplayDrafter(self.references[key], method.replay.accept, method.replay.depth,
-                             self.engine.model.cfg.vocab_size, seed=self.cfg.seed)
+        return ReplayDrafter(
+            self.references[key],
+            method.replay.accept,
+            method.replay.depth,
+            self.engine.model.cfg.vocab_size,
+            seed=self.cfg.seed,
+        )
 
-    def _hf(self, method: Method, prompt: list[int], n: int, tick: Callable[[int], None],
-            cache_len: int) -> _Observation:
+    def _hf(
+        self, method: Method, prompt: list[int], n: int, tick: Callable[[int], None], cache_len: int
+    ) -> _Observation:
         streamer = _StreamMarks(self.now, tick)
         kwargs, processors = hf_processing(self.cfg.sampling)
         kwargs.update(hf_cache_kwargs(method, len(prompt) + cache_len))
@@ -207,10 +235,18 @@ class _Runner:
         ids = torch.tensor([prompt], device=self.device)
         if not self.cfg.sampling.greedy:
             torch.manual_seed(self.cfg.seed)  # transformers samples from the global generator
+        assert self.hf_model is not None, "hf methods load transformers' model first"
         with torch.inference_mode(), _quiet_transformers():
-            out = self.hf_model.generate(ids, max_new_tokens=n, eos_token_id=None, pad_token_id=0,
-                                         logits_processor=processors, streamer=streamer, **kwargs)
-        new = out[0, len(prompt):].tolist()
+            out = self.hf_model.generate(
+                ids,
+                max_new_tokens=n,
+                eos_token_id=None,
+                pad_token_id=0,
+                logits_processor=processors,
+                streamer=streamer,
+                **kwargs,
+            )
+        new = out[0, len(prompt) :].tolist()
         return _Observation(new, streamer.prefill_s, streamer.marks, {"mode": method.kind})
 
 

@@ -8,5 +8,13 @@ tensor-parallel model that reads only this rank's shard of every weight. Nothing
 from .runtime import Layout, TensorParallel, check_split, layout_from_env, start, valid_splits
 from .tensor import load_sharded, shard_config
 
-__all__ = ["Layout", "TensorParallel", "check_split", "layout_from_env", "load_sharded", "shard_config", "start",
-           "valid_splits"]
+__all__ = [
+    "Layout",
+    "TensorParallel",
+    "check_split",
+    "layout_from_env",
+    "load_sharded",
+    "shard_config",
+    "start",
+    "valid_splits",
+]

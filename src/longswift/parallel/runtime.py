@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..config import ModelConfig
-from ..decoding import Timer
+from ..decode.loop import Timer
 from ..errors import ConfigError, LongswiftError
 
 T = TypeVar("T")
@@ -63,27 +63,39 @@ def layout_from_env(tp: int) -> Layout:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     if world % tp:
-        hint = ("start it under torchrun, e.g. `torchrun --nproc-per-node {tp} -m longswift ...`" if world == 1
-                else "make --nproc-per-node x --nnodes a multiple of it")
-        raise ConfigError(f"--tp {tp} needs a multiple of {tp} processes but this launch has {world}; "
-                          + hint.format(tp=tp))
+        hint = (
+            "start it under torchrun, e.g. `torchrun --nproc-per-node {tp} -m longswift ...`"
+            if world == 1
+            else "make --nproc-per-node x --nnodes a multiple of it"
+        )
+        raise ConfigError(
+            f"--tp {tp} needs a multiple of {tp} processes but this launch has {world}; " + hint.format(tp=tp)
+        )
     return Layout(rank, world, local, tp)
 
 
 def valid_splits(cfg: ModelConfig, limit: int = 64) -> list[int]:
     """Tensor-parallel sizes this model can be split into: they must divide the query heads, the KV heads and the
     MLP width (each rank keeps whole heads, so its attention and its KV cache are those of its heads alone)."""
-    return [n for n in range(1, limit + 1)
-            if cfg.num_heads % n == 0 and cfg.num_kv_heads % n == 0 and cfg.intermediate_size % n == 0]
+    return [
+        n
+        for n in range(1, limit + 1)
+        if cfg.num_heads % n == 0 and cfg.num_kv_heads % n == 0 and cfg.intermediate_size % n == 0
+    ]
 
 
 def check_split(cfg: ModelConfig, tp: int) -> None:
     """Refuse a split the model does not allow, with the sizes it does allow (before anything is loaded)."""
-    for name, n in (("num_attention_heads", cfg.num_heads), ("num_key_value_heads", cfg.num_kv_heads),
-                    ("intermediate_size", cfg.intermediate_size)):
+    for name, n in (
+        ("num_attention_heads", cfg.num_heads),
+        ("num_key_value_heads", cfg.num_kv_heads),
+        ("intermediate_size", cfg.intermediate_size),
+    ):
         if n % tp:
-            raise ConfigError(f"--tp {tp} cannot split this model: {name}={n} is not divisible by {tp}; "
-                              f"valid --tp values: {', '.join(map(str, valid_splits(cfg)))}")
+            raise ConfigError(
+                f"--tp {tp} cannot split this model: {name}={n} is not divisible by {tp}; "
+                f"valid --tp values: {', '.join(map(str, valid_splits(cfg)))}"
+            )
 
 
 class SharedError(LongswiftError):

@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import EMBEDDED_HEADS_PREFIX, Checkpoint, assign_weights
 from ..config import ModelConfig
 from ..errors import CheckpointError
-from ..model import Transformer
+from ..model.checkpoint import EMBEDDED_HEADS_PREFIX, Checkpoint, assign_weights
+from ..model.transformer import MLP, Attention, Transformer
 from .runtime import TensorParallel, check_split
 
 COLUMN = (".q_proj.", ".k_proj.", ".v_proj.", ".gate_proj.", ".up_proj.")  # weight and bias split by output rows
@@ -37,8 +38,12 @@ VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
 def shard_config(cfg: ModelConfig, n: int) -> ModelConfig:
     """The shape of one rank's model: 1/n of the heads, of the KV heads and of the MLP width (same group size)."""
     check_split(cfg, n)
-    return replace(cfg, num_heads=cfg.num_heads // n, num_kv_heads=cfg.num_kv_heads // n,
-                   intermediate_size=cfg.intermediate_size // n)
+    return replace(
+        cfg,
+        num_heads=cfg.num_heads // n,
+        num_kv_heads=cfg.num_kv_heads // n,
+        intermediate_size=cfg.intermediate_size // n,
+    )
 
 
 class RowParallelLinear(nn.Linear):
@@ -79,8 +84,9 @@ class VocabParallelHead(nn.Linear):
         return self.tp.all_gather_last(F.linear(x, self.weight))[..., : self.vocab]
 
 
-def load_sharded(checkpoint: Checkpoint, tp: TensorParallel, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32) -> Transformer:
+def load_sharded(
+    checkpoint: Checkpoint, tp: TensorParallel, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> Transformer:
     """This rank's part of the model in `checkpoint`, built on the meta device and filled from its shards only."""
     full = checkpoint.config
     with torch.device("meta"):
@@ -93,7 +99,7 @@ def _parallelize(model: Transformer, full: ModelConfig, tp: TensorParallel) -> N
     """Swap the row-parallel and vocabulary modules in (on the meta device, before any weight is assigned)."""
     local = shard_config(full, tp.size)
     for layer in model.model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
+        attn, mlp = cast(Attention, layer.self_attn), cast(MLP, layer.mlp)
         attn.o_proj = RowParallelLinear(local.num_heads * full.head_dim, full.hidden_size, full.o_bias, tp)
         mlp.down_proj = RowParallelLinear(local.intermediate_size, full.hidden_size, full.mlp_bias, tp)
     if tp.vocab_split:
@@ -102,8 +108,9 @@ def _parallelize(model: Transformer, full: ModelConfig, tp: TensorParallel) -> N
         model.lm_head = VocabParallelHead(full.hidden_size, rows, full.vocab_size, tp)
 
 
-def _read_shards(checkpoint: Checkpoint, tp: TensorParallel, device: torch.device | str,
-                 dtype: torch.dtype) -> dict[str, Tensor]:
+def _read_shards(
+    checkpoint: Checkpoint, tp: TensorParallel, device: torch.device | str, dtype: torch.dtype
+) -> dict[str, Tensor]:
     """Base-model tensors, each cut to this rank's part; `get_slice` reads only those bytes of the file."""
     from safetensors import SafetensorError, safe_open
 
@@ -120,18 +127,18 @@ def _read_shards(checkpoint: Checkpoint, tp: TensorParallel, device: torch.devic
     return state
 
 
-def _shard(name: str, stored: object, tp: TensorParallel) -> Tensor:
+def _shard(name: str, stored: Any, tp: TensorParallel) -> Tensor:
     """This rank's part of the stored tensor `name` (a safetensors slice: indexing reads only those rows)."""
-    shape = stored.get_shape()  # type: ignore[attr-defined]
+    shape = stored.get_shape()
     n, r = tp.size, tp.rank
     if any(part in name for part in COLUMN):
         size = shape[0] // n
-        return stored[r * size: (r + 1) * size]  # type: ignore[index]
+        return stored[r * size : (r + 1) * size]
     if name.endswith(ROW):
         size = shape[1] // n
-        return stored[:, r * size: (r + 1) * size]  # type: ignore[index]
+        return stored[:, r * size : (r + 1) * size]
     if name in VOCAB and tp.vocab_split:
         rows = math.ceil(shape[0] / n)
-        part = stored[r * rows: min((r + 1) * rows, shape[0])]  # type: ignore[index]
+        part = stored[r * rows : min((r + 1) * rows, shape[0])]
         return F.pad(part, (0, 0, 0, rows - part.shape[0]))  # the last rank's missing rows: zeros, never used
-    return stored[:]  # type: ignore[index]
+    return stored[:]

@@ -2,8 +2,9 @@
 
 Modules: `config` (the server's frozen settings), `protocol` (the OpenAI wire format: request bodies in,
 responses and stream chunks out, error objects), `worker` (one generation at a time on a thread of its own, a
-bounded queue, cancellation, job checkpoints), `app` (the FastAPI routes, authentication, body limit, SSE) and
-`command` (the CLI subcommand). Importing this package imports neither FastAPI nor torch; `app` does.
+bounded queue, cancellation, job checkpoints) and `app` (the FastAPI routes, authentication, body limit, SSE).
+The command line (`longswift serve`) lives in `longswift.cli.serve`. Importing this package imports neither
+FastAPI nor torch; `app` does.
 """
 
 from .config import GenerationDefaults, ServeConfig

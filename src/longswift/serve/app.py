@@ -21,11 +21,11 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..api import Engine
+from ..decode.transcript import Piece
 from ..errors import LongswiftError
-from ..transcript import Piece
 from . import protocol
 from .config import ServeConfig
-from .protocol import ApiError, ChatBody, CompletionBody, Formatter, GenerationRequest, StopTrimmer
+from .protocol import ApiError, ChatBody, CompletionBody, Formatter, ServeRequest, StopTrimmer
 from .worker import Event, Failed, Finished, Job, Started, Worker
 
 
@@ -49,8 +49,13 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {"id": config.model_name, "object": "model", "created": 0, "owned_by": "longswift",
-                "max_model_len": engine.model.cfg.max_position_embeddings}
+        card = {
+            "id": config.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "longswift",
+            "max_model_len": engine.model.cfg.max_position_embeddings,
+        }
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions")
@@ -63,9 +68,12 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
     async def chat_completions(body: ChatBody, request: Request) -> Response:
         _check_model(body.model, config.model_name)
         if not getattr(engine.tokenizer, "chat_template", None):
-            raise ApiError(400, f"model {config.model_name} has no chat template (its tokenizer defines none): "
-                                "use /v1/completions, which continues a prompt as base models do",
-                           code="no_chat_template")
+            raise ApiError(
+                400,
+                f"model {config.model_name} has no chat template (its tokenizer defines none): "
+                "use /v1/completions, which continues a prompt as base models do",
+                code="no_chat_template",
+            )
         req = protocol.chat_request(body, config.defaults)
         return await _answer(worker, request, req, Formatter(True, config.model_name))
 
@@ -74,11 +82,12 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
 
 def _check_model(name: str, served: str) -> None:
     if name != served:
-        raise ApiError(400, f"unknown model {name!r}; this server serves {served!r}", code="model_not_found",
-                       param="model")
+        raise ApiError(
+            400, f"unknown model {name!r}; this server serves {served!r}", code="model_not_found", param="model"
+        )
 
 
-async def _answer(worker: Worker, request: Request, req: GenerationRequest, fmt: Formatter) -> Response:
+async def _answer(worker: Worker, request: Request, req: ServeRequest, fmt: Formatter) -> Response:
     """Queue the job, wait until it starts (or fails), then stream it or collect it."""
     job = worker.submit(req, asyncio.get_running_loop())
     watcher = asyncio.create_task(_cancel_on_disconnect(request.receive, job))
@@ -87,7 +96,7 @@ async def _answer(worker: Worker, request: Request, req: GenerationRequest, fmt:
         if isinstance(first, Failed):
             raise ApiError(first.status, first.message)
         assert isinstance(first, Started)
-        trimmer = StopTrimmer(req.stop)
+        trimmer = StopTrimmer(req.generation.stop_strings)
         if req.stream:
             watcher.cancel()  # from here the streaming response notices a disconnect itself
             return _JobStream(_sse(job, first, fmt, trimmer), on_close=job.cancel, media_type="text/event-stream")
@@ -112,8 +121,12 @@ async def _collect(job: Job, first: Started, fmt: Formatter, trimmer: StopTrimme
         elif isinstance(event, Finished):
             parts.append(trimmer.flush())
             result = event.result
-            return fmt.response("".join(parts), protocol.finish_reason(result.finish_reason, trimmer.stopped),
-                                protocol.usage(len(result.prompt_ids), len(result.token_ids)), result.stats)
+            return fmt.response(
+                "".join(parts),
+                protocol.finish_reason(result.finish_reason, trimmer.stopped),
+                protocol.usage(len(result.prompt_ids), len(result.token_ids)),
+                result.stats,
+            )
         else:
             assert isinstance(event, Failed)
             raise ApiError(event.status, event.message)
@@ -133,8 +146,13 @@ async def _sse(job: Job, first: Started, fmt: Formatter, trimmer: StopTrimmer) -
             if tail := trimmer.flush():
                 yield fmt.chunk_line(tail)
             result = event.result
-            yield protocol.sse(fmt.final_chunk(protocol.finish_reason(result.finish_reason, trimmer.stopped),
-                                        protocol.usage(len(result.prompt_ids), len(result.token_ids)), result.stats))
+            yield protocol.sse(
+                fmt.final_chunk(
+                    protocol.finish_reason(result.finish_reason, trimmer.stopped),
+                    protocol.usage(len(result.prompt_ids), len(result.token_ids)),
+                    result.stats,
+                )
+            )
         elif isinstance(event, Failed):
             yield protocol.sse(ApiError(event.status, event.message).body())
         yield "data: [DONE]\n\n"
@@ -166,8 +184,9 @@ class Guard:
             await self.app(scope, receive, send)
             return
         if self.api_key is not None and scope["path"].startswith("/v1/") and not self._authorized(scope):
-            error = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                             code="invalid_api_key")
+            error = ApiError(
+                401, "missing or wrong API key: send 'Authorization: Bearer <key>'", code="invalid_api_key"
+            )
             await _error_response(error)(scope, receive, send)
             return
         body = await self._read_body(receive)

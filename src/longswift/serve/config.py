@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import SamplingConfig, SpeculationConfig
+from ..config import Mode, SamplingConfig, SpeculationConfig
 from ..errors import ConfigError
 
 
@@ -15,7 +15,7 @@ class GenerationDefaults:
 
     max_tokens: int = 256
     sampling: SamplingConfig = field(default_factory=SamplingConfig.paper)  # the paper's long-generation settings
-    mode: str = "auto"  # auto | tokenswift | ar
+    mode: Mode = "auto"  # auto = TokenSwift when heads are loaded
     ignore_eos: bool = False
     speculation: SpeculationConfig | None = None  # None: the device's defaults (SpeculationConfig.for_device)
 

@@ -14,11 +14,12 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import SamplingConfig
+from ..jobs.request import GenerationRequest
 from .config import GenerationDefaults
 
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -34,7 +35,8 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         kind = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}.get(
-            self.status, "server_error" if self.status >= 500 else "invalid_request_error")
+            self.status, "server_error" if self.status >= 500 else "invalid_request_error"
+        )
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
 
@@ -91,22 +93,21 @@ class ChatBody(_Body):
 
 
 @dataclass(frozen=True)
-class GenerationRequest:
-    """One generation, as the worker runs it: a prompt (text, token ids, or chat messages) and its settings."""
+class ServeRequest:
+    """One HTTP request as the worker runs it: the generation (the library's own `GenerationRequest`) and what only
+    the server needs: chat messages, the job id of a resumable job, and whether to answer as a stream.
 
-    prompt: str | list[int] | None
+    For a chat request `generation.prompt` is empty: the worker renders `messages` with the model's chat template
+    and puts the result in its place (with the job's resume state).
+    """
+
+    generation: GenerationRequest
     messages: list[dict[str, str]] | None
-    max_tokens: int
-    sampling: SamplingConfig
-    seed: int | None
-    stop: tuple[str, ...]
-    ignore_eos: bool
-    mode: str
     job_id: str | None
     stream: bool
 
 
-def completion_request(body: CompletionBody, defaults: GenerationDefaults) -> GenerationRequest:
+def completion_request(body: CompletionBody, defaults: GenerationDefaults) -> ServeRequest:
     _refuse_unsupported(body)
     if body.echo or body.logprobs is not None or body.suffix is not None or (body.best_of or 1) != 1:
         raise ApiError(400, "echo, logprobs, suffix and best_of are not supported", param="echo")
@@ -116,13 +117,13 @@ def completion_request(body: CompletionBody, defaults: GenerationDefaults) -> Ge
             raise ApiError(400, f"one prompt per request (batch size 1), got {len(body.prompt)}", param="prompt")
         prompt = str(body.prompt[0])
     else:
-        prompt = body.prompt  # type: ignore[assignment]
+        prompt = cast("str | list[int]", body.prompt)  # not a list of strings: handled above
     if not prompt or (isinstance(prompt, str) and not prompt.strip()):
         raise ApiError(400, "the prompt is empty", param="prompt")
     return _request(body, defaults, prompt, None, body.max_tokens)
 
 
-def chat_request(body: ChatBody, defaults: GenerationDefaults) -> GenerationRequest:
+def chat_request(body: ChatBody, defaults: GenerationDefaults) -> ServeRequest:
     _refuse_unsupported(body)
     if body.logprobs:
         raise ApiError(400, "logprobs are not supported", param="logprobs")
@@ -142,28 +143,49 @@ def _refuse_unsupported(body: _Body) -> None:
     if body.n != 1:
         raise ApiError(400, f"n must be 1 (one generation per request), got {body.n}", param="n")
     if body.frequency_penalty or body.presence_penalty:
-        raise ApiError(400, "frequency_penalty and presence_penalty are not supported; use the extension field "
-                            "repetition_penalty (with penalty_window)", param="frequency_penalty")
+        raise ApiError(
+            400,
+            "frequency_penalty and presence_penalty are not supported; use the extension field "
+            "repetition_penalty (with penalty_window)",
+            param="frequency_penalty",
+        )
     if body.job_id is not None and not JOB_ID.fullmatch(body.job_id):
-        raise ApiError(400, "job_id must be 1-128 characters of letters, digits, '.', '_' or '-', starting with a "
-                            "letter or digit", param="job_id")
+        raise ApiError(
+            400,
+            "job_id must be 1-128 characters of letters, digits, '.', '_' or '-', starting with a letter or digit",
+            param="job_id",
+        )
 
 
-def _request(body: _Body, defaults: GenerationDefaults, prompt: str | list[int] | None,
-             messages: list[dict[str, str]] | None, max_tokens: int | None) -> GenerationRequest:
+def _request(
+    body: _Body,
+    defaults: GenerationDefaults,
+    prompt: str | list[int] | None,
+    messages: list[dict[str, str]] | None,
+    max_tokens: int | None,
+) -> ServeRequest:
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if any(not s for s in stop):
         raise ApiError(400, "stop strings must not be empty", param="stop")
-    return GenerationRequest(prompt, messages, max_tokens or defaults.max_tokens, _sampling(body, defaults),
-                             body.seed, tuple(stop),
-                             defaults.ignore_eos if body.ignore_eos is None else body.ignore_eos,
-                             body.mode or defaults.mode, body.job_id, body.stream)
+    generation = GenerationRequest(
+        prompt if prompt is not None else "",
+        max_tokens or defaults.max_tokens,
+        _sampling(body, defaults),
+        seed=body.seed,
+        stop_strings=tuple(stop),
+        ignore_eos=defaults.ignore_eos if body.ignore_eos is None else body.ignore_eos,
+        mode=body.mode or defaults.mode,
+        speculation=defaults.speculation,
+    )
+    return ServeRequest(generation, messages, body.job_id, body.stream)
 
 
 def _sampling(body: _Body, defaults: GenerationDefaults) -> SamplingConfig:
     """The server's default sampling with the request's fields on top (a bad value raises ConfigError -> 400)."""
-    changes = {name: getattr(body, name) for name in ("temperature", "top_p", "top_k", "min_p", "eta",
-                                                      "repetition_penalty", "penalty_window")}
+    changes = {
+        name: getattr(body, name)
+        for name in ("temperature", "top_p", "top_k", "min_p", "eta", "repetition_penalty", "penalty_window")
+    }
     return dataclasses.replace(defaults.sampling, **{k: v for k, v in changes.items() if v is not None})
 
 
@@ -217,7 +239,8 @@ class Formatter:
         if self._line is None:
             first = sse(self.chunk(text))
             mark = "\\u0000"  # how json.dumps writes the NUL placeholder
-            self._line = tuple(sse(self.chunk("\0")).split(mark))  # type: ignore[assignment]
+            head, tail = sse(self.chunk("\0")).split(mark)
+            self._line = (head, tail)
             return first
         head, tail = self._line
         return head + json.dumps(text)[1:-1] + tail
@@ -225,8 +248,12 @@ class Formatter:
     def chunk(self, text: str, finish_reason: str | None = None) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": text} if self._first else {"content": text}
-            choice: dict[str, Any] = {"index": 0, "delta": delta if text or self._first else {},
-                                      "logprobs": None, "finish_reason": finish_reason}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": delta if text or self._first else {},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         self._first = False
@@ -238,13 +265,23 @@ class Formatter:
 
     def response(self, text: str, finish_reason: str, usage: dict[str, int], stats: dict[str, Any]) -> dict[str, Any]:
         if self.chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                      "logprobs": None, "finish_reason": finish_reason}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [choice], "usage": usage,
-                "longswift": stats}
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage,
+            "longswift": stats,
+        }
 
 
 def sse(obj: dict[str, Any]) -> str:
@@ -256,5 +293,8 @@ def finish_reason(longswift_reason: str, trimmed: bool) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }

@@ -16,16 +16,16 @@ import sys
 import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..api import Engine, GenerationResult
+from ..decode.transcript import Piece
 from ..errors import LongswiftError, NumericalError, PromptError
-from ..job import JobState
-from ..transcript import Piece
+from ..jobs.state import JobState
 from .config import ServeConfig
-from .protocol import ApiError, GenerationRequest
+from .protocol import ApiError, ServeRequest
 
 
 @dataclass
@@ -53,7 +53,7 @@ CANCELLED = Failed(499, "the client disconnected; the generation was cancelled")
 class Job:
     """A request admitted to the worker: its events arrive on `events`; `cancel()` stops it at the next step."""
 
-    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, request: ServeRequest, loop: asyncio.AbstractEventLoop) -> None:
         self.request = request
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = threading.Event()
@@ -80,15 +80,19 @@ class Worker:
         self._running = 0
         self._stopping = threading.Event()
 
-    def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> Job:
+    def submit(self, request: ServeRequest, loop: asyncio.AbstractEventLoop) -> Job:
         if request.job_id is not None and self.config.jobs_dir is None:
             raise ApiError(400, "job_id needs a server started with --jobs-dir DIR", param="job_id")
         with self._lock:
             if self._stopping.is_set():
                 raise ApiError(503, "the server is shutting down")
             if self._admitted >= 1 + self.config.max_queue:
-                raise ApiError(429, f"server busy: one generation is running and {self._admitted - 1} requests are "
-                                    f"waiting (queue size {self.config.max_queue}); retry later", code="server_busy")
+                raise ApiError(
+                    429,
+                    f"server busy: one generation is running and {self._admitted - 1} requests are "
+                    f"waiting (queue size {self.config.max_queue}); retry later",
+                    code="server_busy",
+                )
             self._admitted += 1
         job = Job(request, loop)
         self._executor.submit(self._run, job)
@@ -96,8 +100,11 @@ class Worker:
 
     def status(self) -> dict[str, int]:
         with self._lock:
-            return {"running": self._running, "queued": self._admitted - self._running,
-                    "max_queue": self.config.max_queue}
+            return {
+                "running": self._running,
+                "queued": self._admitted - self._running,
+                "max_queue": self.config.max_queue,
+            }
 
     def stop(self) -> None:
         """Ask the running job to stop at its next step (checkpointing a `job_id` job); refuse new ones."""
@@ -134,11 +141,12 @@ class Worker:
         req = job.request
         path = self._job_path(req.job_id)
         resume = JobState.load(path) if path is not None and path.exists() else None
-        prompt = req.prompt if req.messages is None else self._chat_prompt(req.messages)
-        assert prompt is not None
-        stream = self.engine.stream(prompt, req.max_tokens, sampling=req.sampling, seed=req.seed,
-                                    stop_strings=req.stop, ignore_eos=req.ignore_eos, mode=req.mode,
-                                    speculation=self.config.defaults.speculation, resume=resume)
+        generation = (
+            req.generation
+            if req.messages is None
+            else replace(req.generation, prompt=tuple(self._chat_prompt(req.messages)))
+        )
+        stream = self.engine.stream(replace(generation, resume=resume))
         job.send(Started(resume.text if resume is not None else ""))
         since = 0
         for piece in stream:

@@ -1,0 +1,151 @@
+"""Choosing a token from one row of logits: repetition penalty, temperature, top-k, top-p, min-p, eta, draw.
+
+AR decoding and TokenSwift verification call the very same `TokenChooser.choose` on a single row with that
+row's own penalty window, so the two can only differ by the logits they are handed, never by processing.
+Each sampled choice consumes exactly one uniform number from the explicit generator (inverse-CDF draw), so a
+seeded TokenSwift run and a seeded AR run consume randomness in lockstep.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ..config import SamplingConfig
+from ..errors import NumericalError
+
+
+def apply_penalty(logits: Tensor, window: Tensor, penalty: float) -> Tensor:
+    """logits (..., V), window (w,) token ids -> new logits with each token present in `window` penalised once.
+
+    CTRL-style, as in `transformers`: positive logits are divided by the penalty, negative ones multiplied.
+    Several rows (e.g. the draft heads' distributions) may share one window.
+    """
+    if penalty == 1.0 or window.numel() == 0:
+        return logits
+    # A presence mask instead of window.unique(): no data-dependent shapes, so no host sync on a GPU.
+    present = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+    present[window] = True
+    return torch.where(present, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+
+
+def warp(logits: Tensor, cfg: SamplingConfig) -> Tensor:
+    """logits (V,) penalised -> logits with temperature applied and filtered tokens set to -inf."""
+    logits = logits / cfg.temperature
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, cfg.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    if cfg.top_p < 1.0:
+        logits = _top_p(logits, cfg.top_p)
+    if cfg.min_p > 0:
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < cfg.min_p * probs.max(), -math.inf)
+    if cfg.eta > 0:
+        logits = _eta(logits, cfg.eta)
+    return logits
+
+
+def _top_p(logits: Tensor, top_p: float) -> Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p (at least one), as `transformers`."""
+    sorted_logits, order = logits.sort(descending=False)
+    cumulative = sorted_logits.softmax(-1).cumsum(-1)
+    remove_sorted = cumulative <= (1 - top_p)
+    remove_sorted[-1] = False
+    remove = remove_sorted.scatter(0, order, remove_sorted)
+    return logits.masked_fill(remove, -math.inf)
+
+
+def _eta(logits: Tensor, epsilon: float) -> Tensor:
+    """Eta sampling (Hewitt et al. 2022): drop tokens below min(eps, sqrt(eps) * exp(-entropy)); keep the best."""
+    probs = logits.softmax(-1)
+    logp = torch.where(probs > 0, probs.log(), torch.zeros_like(probs))
+    entropy = -(probs * logp).sum()
+    eta = min(epsilon, math.sqrt(epsilon) * float(torch.exp(-entropy)))
+    remove = probs < eta
+    remove[probs.argmax()] = False
+    return logits.masked_fill(remove, -math.inf)
+
+
+class TokenChooser:
+    """Picks one token per call from a row of logits, given that row's penalty window."""
+
+    def __init__(
+        self, cfg: SamplingConfig, generator: torch.Generator | None = None, record_margins: bool = False
+    ) -> None:
+        if not cfg.greedy and generator is None:
+            raise ValueError("sampling needs an explicit torch.Generator")
+        self.cfg = cfg
+        self.generator = generator
+        # When recording, every choice appends its decision margin (identity.py).
+        self.margins: list[float] | None = [] if record_margins else None
+
+    def window(self, context: Tensor) -> Tensor:
+        """The penalty window of the next token: the last W ids of `context` (all of it when W == 0)."""
+        w = self.cfg.penalty_window
+        return context if w == 0 or context.shape[0] <= w else context[-w:]
+
+    def distribution(self, logits: Tensor, context: Tensor) -> Tensor:
+        """logits (V,) fp32, context (n,) ids ending right before the chosen token -> probabilities (V,)."""
+        logits = apply_penalty(logits, self.window(context), self.cfg.repetition_penalty)
+        return warp(logits, self.cfg).softmax(-1)
+
+    def choose(self, logits: Tensor, context: Tensor) -> int:
+        """The next token after `context`: argmax of the penalised logits, or one inverse-CDF draw.
+
+        Raises `NumericalError` when the row is not usable (NaN or infinite logits): an argmax or a draw over
+        such a row returns an arbitrary token, and a long job would silently turn into noise.
+        """
+        if self.cfg.greedy:
+            scores = apply_penalty(logits, self.window(context), self.cfg.repetition_penalty)
+            if self.margins is not None:
+                return self._argmax_with_margin(scores, context)
+            best, index = scores.max(-1)
+            # One transfer for both numbers (one GPU sync per token, as before); V < 2**24 is exact in fp32.
+            value, token = torch.stack((best, index.to(best.dtype))).tolist()
+            if not math.isfinite(value):  # max() propagates NaN; +inf means an overflow
+                raise _non_finite(context)
+            return int(token)
+        return self.draw(self.distribution(logits, context), context)
+
+    def _argmax_with_margin(self, scores: Tensor, context: Tensor) -> int:
+        """The same argmax as without margins (max(), not topk(), whose tie order differs), and best - second."""
+        best, index = scores.max(-1)
+        second = scores.index_fill(0, index[None], -math.inf).max()
+        value, runner_up, token = torch.stack((best, second, index.to(best.dtype))).tolist()
+        if not math.isfinite(value):
+            raise _non_finite(context)
+        assert self.margins is not None
+        self.margins.append(value - runner_up)
+        return int(token)
+
+    def draw(self, probs: Tensor, context: Tensor | None = None) -> int:
+        """One token from `probs` (V,), consuming exactly one uniform from the generator."""
+        assert self.generator is not None, "drawing needs the seeded generator of a sampling chooser"
+        u = torch.rand((), generator=self.generator, device=self.generator.device).to(probs.device)
+        cdf = probs.double().cumsum(-1)
+        # right=True returns the first index whose cumulative mass exceeds u * total: never a zero-mass token,
+        # and u < 1 keeps it inside the vocabulary.
+        x = u * cdf[-1]
+        token = torch.searchsorted(cdf, x, right=True)
+        if self.margins is None:
+            total, index = torch.stack((cdf[-1], token.to(cdf.dtype))).tolist()
+        else:  # also how far the draw fell from the edges of the chosen token's interval, in the same transfer
+            padded = torch.cat((cdf.new_zeros(1), cdf))  # padded[i] = mass before token i
+            last = padded.shape[0] - 1
+            edges = padded[torch.stack((token, token + 1)).clamp(max=last)]
+            total, index, low, high, at = torch.cat((cdf[-1:], token.to(cdf.dtype)[None], edges, x[None])).tolist()
+        if not (math.isfinite(total) and total > 0 and index < probs.shape[-1]):
+            raise _non_finite(context)
+        if self.margins is not None:
+            self.margins.append(min(at - low, high - at) / total)
+        return int(index)
+
+
+def _non_finite(context: Tensor | None) -> NumericalError:
+    where = f" for the token at position {context.shape[0]}" if context is not None else ""
+    return NumericalError(
+        f"the model produced NaN or infinite logits{where}; the text before it is kept. "
+        "This is usually a numeric overflow: try --dtype fp32 (or bf16 instead of fp16)"
+    )

@@ -1,0 +1,255 @@
+"""TokenSwift decoding: draft candidates, choose which to verify, verify a merged trie over the full cache.
+
+One step:
+  1. draft    the drafter (drafting.py) proposes the top tokens per depth below the root: the paper's mode runs a
+              second forward over the partial cache, the fused mode reuses the last verification's hidden state;
+  2. reuse    add the top-k n-gram chains that start with the depth-1 draft (paper) or with the root itself (fused);
+  3. choose   the controller (controller.py) keeps the sub-trie whose expected tokens per second is highest
+              (everything, with `candidates="all"`);
+  4. verify   one forward of that trie (root = last decided token) over the *full* cache with a tree mask;
+              walk it with the target's own choices (verify.py) — the only place tokens are decided;
+  5. commit   keep the accepted path's rows in the full cache; update the n-gram table and the acceptance rates.
+Drafting and choosing can only change how many tokens a step accepts, never which tokens are emitted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..config import SpeculationConfig
+from ..model.cache import KVCache
+from ..model.compiled import node_bucket
+from ..model.transformer import QueryLog, Transformer
+from .controller import STEP_KINDS, Controller, StepGate, head_source, lookup_source, ngram_source
+from .drafting import Draft, Drafter
+from .loop import Context, EagerForward, Forward, Timer, forward_counts, forward_stats, prefill, reuse, warm_up
+from .ngram import HistoryLookup, NGramTable
+from .sampling import TokenChooser
+from .tree import Trie
+from .verify import walk
+
+CPU_BATCHED_LOGITS = 16  # tries up to this size get one LM-head matmul on a CPU
+
+
+class NodeLogits:
+    """Logits of trie nodes, computed the cheaper way for the device and trie size.
+
+    Reading the LM head's weights dominates its cost for a few rows (8 MB for the embedded model, 1 GB for an 8B
+    model with a 128K vocabulary), so one matmul over all nodes, which reads them once, beats a call per visited
+    node (which reads them again for every node). On a CPU large tries make the matmul compute-bound instead, and
+    then only the few visited nodes (<= depth + 1) are worth computing.
+    """
+
+    def __init__(self, model: Transformer, hidden: Tensor) -> None:
+        self.model, self.hidden = model, hidden
+        batch = hidden.device.type == "cuda" or hidden.shape[0] <= CPU_BATCHED_LOGITS
+        self.all = model.logits(hidden) if batch else None
+
+    def __getitem__(self, node: int) -> Tensor:
+        return self.all[node] if self.all is not None else self.model.logits(self.hidden[node])
+
+
+class TokenSwiftDecoder:
+    """Speculative decoder: draft, reuse n-grams, choose, verify a trie over the full cache, commit the accepted
+    path."""
+
+    mode = "tokenswift"
+
+    def __init__(
+        self,
+        model: Transformer,
+        chooser: TokenChooser,
+        drafter: Drafter,
+        spec: SpeculationConfig,
+        capacity: int,
+        forward: Forward | None = None,
+        cache: KVCache | None = None,
+    ) -> None:
+        self.model, self.chooser, self.drafter, self.spec = model, chooser, drafter, spec
+        self.forward: Forward = forward or EagerForward(model)  # verification forwards (eager or static compiled)
+        self._forward_base = forward_counts(self.forward)
+        rows = capacity + (node_bucket(spec.max_nodes()) or spec.max_nodes()) + 1  # room for a padded trie
+        self.cache = reuse(cache, rows) or KVCache(model.cfg, rows, device=model.device, dtype=model.dtype)
+        self.context = Context(capacity + spec.max_depth() + 1, model.device)
+        self.ngrams = NGramTable(spec.ngram_n)
+        self.lookup = HistoryLookup()
+        self.timer = Timer(model.device)
+        self.controller = Controller(spec.candidates == "adaptive", spec.max_nodes(), self._time_forward)
+        # Only fused drafting can skip a step's drafting cheaply: the partial cache must see every decided token.
+        adaptive = spec.candidates == "adaptive" and drafter.can_skip
+        self.gate = StepGate(STEP_KINDS if adaptive else ("draft",))
+        self.log = QueryLog(row=-1) if drafter.needs_queries else None  # only the partial cache reads queries
+        self._positions = torch.arange(capacity + spec.max_depth() + 1, device=model.device)
+        self._learning: deque[tuple[Trie, int]] = deque()  # candidate tries waiting for their hindsight
+        self.steps = 0
+        self.accepted = 0
+        self.accepted_ngram = 0
+        self.per_step: Counter[int] = Counter()
+        self.verified: Counter[int] = Counter()
+        self.predicted_s = 0.0
+        self.measured_s = 0.0
+
+    @torch.inference_mode()
+    def start(self, prompt_ids: list[int]) -> None:
+        t0 = self.timer.now()
+        self.context.extend(prompt_ids)
+        if len(prompt_ids) > 1:  # the last prompt token is the first trie root, so it is not cached yet
+            self.drafter.observe(prefill(self.model, self.cache, self.context.ids()[:-1], log=self.log))
+        self.ngrams.add(prompt_ids)
+        self.drafter.start(self.cache, self.log)
+        t1 = self.timer.add("prefill", t0, sync=True)
+        warm_up(
+            self.forward,
+            self.cache,
+            self.spec.max_nodes(),
+            self.timer,
+            t1,
+            log_row=0 if self.drafter.needs_queries else None,
+        )
+
+    @torch.inference_mode()
+    def step(self) -> list[int]:
+        t = self.timer.now()
+        if self.controller.calibrate_if_due(self.cache.length):  # timed forwards, counted as decoding time
+            self.timer.add("calibrate", t)
+        t0 = self.timer.now()
+        kind = self.gate.choose()
+        draft = self.drafter.propose(self.context.ids(), self.cache, self.log) if kind == "draft" else Draft.empty()
+        t1 = self.timer.add("draft", t0)
+        candidates = self._candidates(draft) if kind != "plain" else Trie.rooted(self.context.last)
+        choice = self.controller.select(candidates, self.cache.length)
+        t2 = self.timer.add("bookkeeping", t1)
+        trie = choice.trie
+        hidden = self._verify_forward(trie)
+        logits = NodeLogits(self.model, hidden)
+        result = walk(trie, lambda node: self.chooser.choose(logits[node], self._context(trie, node)))
+        t3 = self.timer.add("verify", t2)
+        self.drafter.observe(hidden[result.nodes[-1] if result.nodes else 0])
+        self.cache.commit([0] + result.nodes)
+        if len(candidates) > 1:
+            self._learning.append((candidates, self.context.length - 1))
+        self.context.extend(result.tokens)
+        self.ngrams.add(result.tokens)
+        self._learn()
+        self._count(trie, result.nodes)
+        t4 = self.timer.add("bookkeeping", t3)
+        if kind != "plain":  # the overhead the controller weighs is that of steps with candidates
+            self.controller.measured(len(trie), self.cache.length, t4 - t0)
+        self.gate.record(kind, len(result.tokens), t4 - t0)
+        self.predicted_s += choice.predicted_s
+        self.measured_s += t4 - t0
+        return result.tokens
+
+    def _candidates(self, draft: Draft) -> Trie:
+        """Every candidate of this step, each node labelled with the sources that proposed it."""
+        trie = Trie.rooted(self.context.last)
+        trie.add_levels(
+            draft.tokens, [[head_source(d + 1, r, p) for r, p in enumerate(row)] for d, row in enumerate(draft.probs)]
+        )
+        key = self.drafter.ngram_key(self.context.last, draft)
+        if key is not None and self.spec.ngram_topk:
+            for rank, gram in enumerate(self.ngrams.top_k(key, self.spec.ngram_topk)):
+                chain = gram[1:] if self.drafter.chains_from_root else gram  # the root is decided already
+                share = self.ngrams.share(gram)
+                trie.add_chain(chain, sources=[ngram_source(d + 1, rank, share) for d in range(len(chain))])
+        if self.spec.lookup:
+            found = self.lookup.continuation(self.context.host, self.spec.lookup)
+            trie.add_chain(found.tokens, sources=[lookup_source(d + 1, found.match) for d in range(len(found.tokens))])
+        return trie
+
+    def _learn(self) -> None:
+        """Teach the controller with every candidate trie whose continuation is now decided."""
+        decided = self.context.host
+        while self._learning:
+            trie, root = self._learning[0]
+            depth = trie.max_depth()
+            if root + depth >= len(decided):
+                return
+            self._learning.popleft()
+            self.controller.learn(trie, decided[root + 1 : root + 1 + depth])
+
+    def _time_forward(self, n: int) -> float:
+        """Seconds of verifying n nodes (a causal block) at the current context: the forward and the node logits
+        as `NodeLogits` computes them up front (the rows are dropped afterwards)."""
+        device = self.model.device
+        tokens = torch.full((1, n), max(self.context.last, 0), device=device)
+        positions = torch.arange(n, device=device) + self.context.length - 1
+        mask = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        t0 = self.timer.now(sync=True)
+        NodeLogits(self.model, self.forward(tokens, positions, self.cache, mask)[0])
+        seconds = self.timer.now(sync=True) - t0
+        self.cache.rollback()
+        return seconds
+
+    def _verify_forward(self, trie: Trie) -> Tensor:
+        """One forward of the whole trie over the full cache -> pre-norm hidden (N, H); rows stay pending."""
+        device = self.model.device
+        root = self.context.length - 1
+        # Only the paper's drafter reads the root's queries (to select its partial cache at the next reselection).
+        self.log = QueryLog(row=0) if self.drafter.needs_queries else None
+        if len(trie) == 1:  # the root alone is a plain AR step: same inputs, no mask, no host-to-device copies
+            return self.forward(
+                self.context.ids()[root:][None], self._positions[root : root + 1], self.cache, log=self.log
+            )[0]
+        tokens = torch.tensor([trie.tokens], device=device)
+        positions = trie.positions(root, device)
+        return self.forward(tokens, positions, self.cache, trie.mask(device), log=self.log)[0]
+
+    def _context(self, trie: Trie, node: int) -> Tensor:
+        """Decided ids followed by the candidate tokens on the path to `node`: what AR would have seen there."""
+        path = trie.path(node)
+        decided = self.context.ids()
+        if not path:
+            return decided
+        w = self.chooser.cfg.penalty_window
+        if w:
+            decided = decided[-w:]
+        extra = torch.tensor([trie.tokens[n] for n in path], device=decided.device)
+        return torch.cat([decided, extra])
+
+    def _count(self, trie: Trie, nodes: list[int]) -> None:
+        self.steps += 1
+        self.accepted += len(nodes)
+        self.accepted_ngram += sum(not trie.from_tree[n] for n in nodes)
+        self.per_step[len(nodes) + 1] += 1
+        self.verified[len(trie)] += 1
+
+    def stats(self) -> dict[str, Any]:
+        steps = max(self.steps, 1)
+        t = self.timer.totals
+        return {
+            "steps": self.steps,
+            "mean_accepted": sum(k * v for k, v in self.per_step.items()) / steps,
+            # The paper's α with γ+1 = the deepest candidate (head tree or n-gram chain), so α <= 1.
+            "acceptance_rate": self.accepted / (self.spec.max_depth() * steps),
+            "ngram_share": self.accepted_ngram / self.accepted if self.accepted else 0.0,
+            "tokens_per_step": {str(k): v for k, v in sorted(self.per_step.items())},
+            "draft_s": t.get("draft", 0.0),
+            "verify_s": t.get("verify", 0.0),
+            "bookkeeping_s": t.get("bookkeeping", 0.0),
+            **self.drafter.stats(),
+            **self._controller_stats(),
+        }
+
+    def _controller_stats(self) -> dict[str, Any]:
+        """What the controller did: node counts verified, root-only steps, predicted vs measured step cost."""
+        steps = max(self.steps, 1)
+        return {
+            "draft": self.spec.draft,
+            "candidates": self.spec.candidates,
+            "verified_nodes": {str(k): v for k, v in sorted(self.verified.items())},
+            "mean_verified_nodes": sum(k * v for k, v in self.verified.items()) / steps,
+            "root_only_share": self.verified.get(1, 0) / steps,
+            "drafted_share": self.gate.shares()["draft"],
+            "step_kinds": self.gate.shares(),
+            "predicted_step_ms": 1000 * self.predicted_s / steps if self.controller.adaptive else None,
+            "measured_step_ms": 1000 * self.measured_s / steps,
+            "calibrations": self.controller.calibrations,
+            "calibrate_s": self.timer.totals.get("calibrate", 0.0),
+            "hindsight_acceptance": self.controller.acceptance_summary(),
+            **forward_stats(self.forward, self._forward_base),
+        }

@@ -1,0 +1,213 @@
+"""Batches of generation jobs: one resumable job per prompt of a JSONL file, results gathered in results.jsonl.
+
+Each line of the prompts file is a JSON object: `prompt` (required), `id`, `max_new_tokens` and `seed` (optional).
+Prompt i belongs to data-parallel group i mod G (G = processes / --tp), so groups never share a job and a rerun of
+the same command gives every group the same share. A job's files in the output directory are named by its id:
+  ID.txt          the generated text (synced before every checkpoint that claims it);
+  ID.ckpt.json    its checkpoint (job.py): an interrupted job resumes from here, exactly;
+  ID.result.json  written once the job ended (or failed): the job's line of results.jsonl, and the mark that
+                  makes a rerun skip it.
+A bad line (not JSON, no prompt, a prompt the model cannot take) fails only its own job: the error is its result.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, LongswiftError, PromptError
+from ..files import atomic_write
+from .request import GenerationRequest
+from .state import JobState, TextSink, run_job
+
+SAFE_ID = re.compile(r"[^A-Za-z0-9._-]")
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """One line of the prompts file: a job, or the reason it cannot be one (`error`)."""
+
+    line: int  # 1-based line number
+    id: str
+    prompt: str = ""
+    max_new_tokens: int | None = None
+    seed: int | None = None
+    error: str | None = None
+
+    @property
+    def stem(self) -> str:
+        """The id as a file name (characters other than letters, digits, '.', '_' and '-' become '_')."""
+        return SAFE_ID.sub("_", self.id)[:120]
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """What every job of the batch shares: the request every job's is made from, and the checkpoint interval.
+
+    A job's request is `request` with the job's prompt and its resume state, and with the prompt line's own
+    `max_new_tokens` and `seed` where it has them (the template's prompt is never generated).
+    """
+
+    request: GenerationRequest
+    checkpoint_every: int
+
+    def for_item(self, item: BatchItem, resume: JobState | None) -> GenerationRequest:
+        seed = item.seed if item.seed is not None else self.request.seed
+        return replace(
+            self.request,
+            prompt=item.prompt,
+            max_new_tokens=item.max_new_tokens or self.request.max_new_tokens,
+            seed=seed,
+            resume=resume,
+        )
+
+
+def read_prompts(path: Path) -> list[BatchItem]:
+    """Every non-empty line of `path`, parsed; a malformed line becomes an item with its error, in its place."""
+    try:
+        lines = path.read_bytes().decode("utf-8").splitlines()
+    except FileNotFoundError:
+        raise PromptError(f"prompts file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PromptError(f"cannot read prompts file {path}: {exc}") from None
+    items, seen = [], set()
+    for number, text in enumerate(lines, start=1):
+        if text.strip():
+            item = _parse(number, text)
+            if item.stem in seen:
+                item = BatchItem(number, f"line-{number}", error=f"line {number}: duplicate id {item.id!r}")
+            seen.add(item.stem)
+            items.append(item)
+    if not items:
+        raise PromptError(f"prompts file {path} has no prompts")
+    return items
+
+
+def _parse(number: int, text: str) -> BatchItem:
+    fallback = f"line-{number}"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return BatchItem(number, fallback, error=f"line {number}: not valid JSON ({exc.msg})")
+    if not isinstance(data, dict):
+        return BatchItem(number, fallback, error=f"line {number}: not a JSON object")
+    raw_id = data.get("id", fallback)
+    if not isinstance(raw_id, (str, int)) or isinstance(raw_id, bool) or not str(raw_id):
+        return BatchItem(number, fallback, error=f"line {number}: id must be a non-empty string or an integer")
+    item_id = str(raw_id)
+    prompt = data.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        return BatchItem(number, item_id, error=f"line {number}: no prompt (a non-empty string is required)")
+    n, seed = data.get("max_new_tokens"), data.get("seed")
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        return BatchItem(number, item_id, error=f"line {number}: max_new_tokens must be an integer >= 1, got {n!r}")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        return BatchItem(number, item_id, error=f"line {number}: seed must be an integer, got {seed!r}")
+    return BatchItem(number, item_id, prompt, n, seed)
+
+
+@dataclass
+class BatchRunner:
+    """Runs one group's share of a batch with a loaded engine. Every rank of a tensor-parallel group runs it the
+    same way; only the lead (`writes`) touches the output directory."""
+
+    engine: Any  # api.Engine
+    out_dir: Path
+    options: BatchOptions
+    writes: bool
+    interrupted: Callable[[], bool]
+    report: Callable[[str], None]
+    decide: Callable[[Callable[[], Any]], Any] = lambda make: make()  # TP: the lead decides, the group follows
+
+    def run(self, items: list[BatchItem]) -> bool:
+        """Run every job of `items` not yet finished; -> False if interrupted (rerun to resume)."""
+        for item in items:
+            if self.decide(self._result_path(item).exists):
+                continue  # finished in an earlier run: never generated twice
+            if item.error is not None:
+                self._finish(item, {"error": item.error})
+                continue
+            try:
+                if not self._run_one(item):
+                    return False
+            except LongswiftError as exc:  # too long, a foreign checkpoint, NaN logits: this job only
+                self._finish(item, {"error": str(exc)})
+        return True
+
+    def _run_one(self, item: BatchItem) -> bool:
+        ckpt = self.out_dir / f"{item.stem}.ckpt.json"
+        resume = self.decide(lambda: JobState.load(ckpt) if ckpt.exists() else None)
+        stream = self.engine.stream(self.options.for_item(item, resume))
+        text = self.out_dir / f"{item.stem}.txt"
+        sink = TextSink.open_file(text, resume.text if resume else None) if self.writes else TextSink(io.StringIO())
+        try:
+            finished = run_job(
+                stream,
+                sink,
+                ckpt if self.writes else None,
+                self.options.checkpoint_every,
+                self.interrupted,
+                lambda n: None,
+            )
+        finally:
+            sink.close()
+        if not finished:
+            return False
+        result = stream.result
+        self._finish(
+            item,
+            {
+                "output": text.name,
+                "tokens": len(result.token_ids),
+                "finish_reason": result.finish_reason,
+                "stats": result.stats,
+            },
+        )
+        return True
+
+    def _finish(self, item: BatchItem, fields: dict[str, Any]) -> None:
+        line = {"id": item.id, "line": item.line, **fields}
+        if self.writes:
+            atomic_write(self._result_path(item), json.dumps(line).encode("utf-8"))
+            what = (
+                f"error: {fields['error']}"
+                if "error" in fields
+                else f"{fields['tokens']} tokens, {fields['finish_reason']}"
+            )
+            self.report(f"[longswift] {item.id}: {what}")
+
+    def _result_path(self, item: BatchItem) -> Path:
+        return self.out_dir / f"{item.stem}.result.json"
+
+
+def share(items: list[BatchItem], group: int, groups: int) -> list[BatchItem]:
+    """The jobs of data-parallel group `group` of `groups`: every groups-th prompt (disjoint, stable on rerun)."""
+    return items[group::groups]
+
+
+def results_lines(items: list[BatchItem], out_dir: Path) -> list[dict[str, Any]]:
+    """results.jsonl's lines, in the prompts file's order (a job without a result is reported as unfinished)."""
+    lines = []
+    for item in items:
+        path = out_dir / f"{item.stem}.result.json"
+        try:
+            lines.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            lines.append({"id": item.id, "line": item.line, "error": "not finished (rerun the same command)"})
+    return lines
+
+
+def write_results(path: Path, lines: list[dict[str, Any]]) -> None:
+    atomic_write(path, "".join(json.dumps(line) + "\n" for line in lines).encode("utf-8"))
+
+
+def check_out_dir(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create output directory {out_dir}: {exc.strerror}") from None

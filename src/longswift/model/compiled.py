@@ -1,0 +1,337 @@
+"""Static-shape forwards over the KV caches, compiled with `torch.compile`.
+
+An eager decoding step pays Python and dispatcher overhead for each of its ~150 small kernels, and a GPU waits for
+the host between them. Compiling removes that, but only if every step presents the same shapes: the eager forward
+slices the cache to `end + T` rows and builds a (T, end + T) mask, both of which change every token. Here:
+
+- the cache is written at a *tensor* of rows (`index_put_` on the whole storage, which Inductor does in place),
+  not at a Python slice;
+- the keys attended are the first `keys` rows, rounded up to a bucket (`key_bucket`), and the mask that hides the
+  rows past the new block (and shapes the candidate tree inside it) is computed *inside* the graph from the rows
+  tensor, so nothing about it is a Python value;
+- a candidate trie is padded to a node bucket (`node_bucket`): padding nodes see only themselves, no real node
+  sees them, their rows are written past the committed ones and never committed.
+
+The number of attended rows is a dynamic dimension (one graph serves every context length); the node count is
+dynamic too, with T = 1 (the AR step) compiled on its own because compilers specialise size 1. On CUDA the
+compiled step is also captured as CUDA graphs (`mode="reduce-overhead"`), one per (node bucket, key bucket),
+which is why keys are bucketed geometrically rather than per row.
+
+`StaticForward` is a drop-in replacement for calling the model on the full cache (verification, AR steps) and on
+the partial cache (the paper's drafting forward), with or without a `QueryLog`. What it does not cover (other
+caches, a sliding window that cuts the cache, a block larger than the biggest bucket, no room left for padding, a
+logged row that would be padding) runs the eager forward, which computes the same function.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.fx.experimental import _config as fx_config
+
+from ..config import COMPILE_CHOICES
+from ..errors import ConfigError
+from .cache import KVCache
+from .partial_cache import PartialCache
+from .transformer import Cache, QueryLog, Transformer, Visibility
+
+NODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # verification blocks are padded up to one of these node counts
+KEY_GRANULE = 256  # attended rows are a multiple of this, and of 1/8 of their power of two above 2K rows
+
+
+def node_bucket(n: int) -> int | None:
+    """The padded node count for n real nodes, or None when n exceeds the biggest bucket (eager)."""
+    return next((b for b in NODE_BUCKETS if b >= n), None)
+
+
+def key_bucket(rows: int, capacity: int) -> int:
+    """Attended rows for a forward whose last written row is rows - 1: rows rounded up so that the padding is at
+    most 1/8 of the rows (and at least one granule), capped below the cache capacity (rows < capacity).
+
+    Geometric buckets keep the number of distinct shapes (each a CUDA graph) near 8 per doubling of the context,
+    while the extra masked keys cost at most ~12% of the attention.
+    """
+    granule = max(KEY_GRANULE, 1 << max(rows.bit_length() - 4, 0))
+    # Never all `capacity` rows: a compiled slice specialises on being shorter than the storage (or equal), and
+    # the other case would compile a second graph.
+    return min(-(-rows // granule) * granule, capacity - 1)
+
+
+class Slots:
+    """The full cache as a compiled forward sees it: written at a rows tensor, read as its first `keys` rows."""
+
+    rows_are_positions = True
+
+    def __init__(self, k: Tensor, v: Tensor, rows: Tensor, keys: int) -> None:
+        self.k, self.v, self.rows, self.keys = k, v, rows, keys
+
+    @property
+    def end(self) -> int:  # never read on this path: `static_forward` passes its own visibility
+        raise NotImplementedError
+
+    def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        # index_put_ on the whole storage, not on a per-layer view: Inductor turns a view's mutation into a copy
+        # of the entire buffer (measured: 1.6 ms per call for a 64K-row cache), the base's into a scatter.
+        b, h, _, _ = k.shape
+        where = (
+            torch.full_like(self.rows, layer),
+            torch.arange(b, device=k.device)[:, None, None],
+            torch.arange(h, device=k.device)[None, :, None],
+            self.rows[None, None, :],
+        )
+        self.k.index_put_(where, k)
+        self.v.index_put_(where, v)
+        return self.k[layer, :, :, : self.keys], self.v[layer, :, :, : self.keys]
+
+    def advance(self, n: int) -> None:
+        pass  # the caller advances the real cache by the real node count
+
+
+def static_bias(rows: Tensor, tree: Tensor, keys: Tensor, group: int, dtype: torch.dtype) -> Tensor:
+    """rows (T,) consecutive cache rows of the new block, tree (T, T) bool, keys (L,) = arange(L) -> (group*T, L).
+
+    Key row c is visible to query i when it precedes the block, or lies in it and tree[i, c - start] holds; rows
+    after the block (stale or padding) are hidden. Every query sees at least itself (the tree's diagonal).
+    """
+    t = tree.shape[0]
+    rel = keys - rows[0]  # (L,) offset of each key row from the block's first row
+    inside = (rel >= 0) & (rel < t)
+    in_tree = tree[:, rel.clamp(0, t - 1)]  # (T, L)
+    visible = (rel < 0)[None, :] | (inside[None, :] & in_tree)
+    bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, float("-inf"))
+    return bias.repeat(group, 1) if group > 1 else bias
+
+
+def static_forward(
+    model: Transformer,
+    tokens: Tensor,
+    positions: Tensor,
+    rows: Tensor,
+    tree: Tensor,
+    k: Tensor,
+    v: Tensor,
+    keys: Tensor,
+    log: QueryLog | None = None,
+) -> Tensor:
+    """The forward of `tokens` (1, T) at `positions` (T,), written at cache `rows` (T,), attending to the first
+    keys.shape[0] rows of the cache storage k/v -> pre-norm hidden (1, T, H). Pure tensor code: this is what
+    gets compiled. `log` (the paper's drafter reads the root's queries) is filled as by the eager forward."""
+    slots = Slots(k, v, rows, keys.shape[0])
+    bias = static_bias(rows, tree, keys, model.cfg.group_size, k.dtype)
+    return model(tokens, positions, slots, log=log, vis=Visibility(bias))
+
+
+# Where `--compile auto` compiles, by device type: only where a measurement showed it pays (BENCHMARKS.md).
+# CPU: the embedded model's AR step at 2K context is bound by reading its weights and cache (~30 MB per token at
+# ~8 GB/s), so compiling saved ~0.3 ms of ~4.5 ms after ~35 s of compiling. CUDA: not measured yet
+# (scripts/gpu_check.py measures eager vs compiled); flip it when a GPU check shows the gain.
+COMPILE_PAYS = {"cpu": False, "cuda": False}
+
+
+def compiler_available() -> str | None:
+    """None when torch.compile can generate code on this machine, else why not (one line)."""
+    if sys.platform == "win32":
+        return "torch.compile is not supported on Windows by this project"
+    if not any(shutil.which(c) for c in ("g++", "c++", "clang++", "gcc", "cc")):
+        return "no C++ compiler on PATH (Inductor builds its kernels with one)"
+    return None
+
+
+def resolve_compile(choice: str, device: torch.device) -> bool:
+    """`--compile auto|on|off` -> whether to compile. `on` where nothing can compile is a ConfigError (one line);
+    `auto` then runs eagerly."""
+    if choice not in COMPILE_CHOICES:
+        raise ConfigError(f"unknown compile choice {choice!r}; use auto, on or off")
+    if choice == "off":
+        return False
+    reason = compiler_available()
+    if choice == "on" and reason:
+        raise ConfigError(f"--compile on: {reason}; install one or use --compile off")
+    return choice == "on" or (COMPILE_PAYS.get(device.type, False) and reason is None)
+
+
+def compile_count() -> int:
+    """Graphs Dynamo has compiled in this process so far (a recompilation during decoding shows up here)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+class StaticForward:
+    """Calls the model on a cache through static-shape graphs, compiled unless `compiled` is False (the
+    same static path run eagerly, which tests use to separate padding from compilation). Same call signature as
+    the model; one instance per model, reused by every generation of an engine.
+    """
+
+    def __init__(self, model: Transformer, compiled: bool = True) -> None:
+        self.model = model
+        self.compiled = compiled
+        self.cuda_graphs = compiled and model.device.type == "cuda"
+        self.graph: Callable[..., Tensor] = static_forward
+        if compiled:
+            # Dynamo keys compiled code by the Python function; each model (and T = 1 vs T > 1) is one entry, and
+            # past its limit (8 by default) it would silently run eagerly. (The setting was renamed in torch 2.7.)
+            config = torch._dynamo.config
+            limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+            setattr(config, limit, max(getattr(config, limit), 64))
+            self.graph = torch.compile(
+                static_forward, dynamic=True, fullgraph=True, mode="reduce-overhead" if self.cuda_graphs else None
+            )
+        self.compile_s = 0.0
+        self.compiles = 0  # graphs compiled by this instance's warm-ups
+        self.recompiles = 0  # graphs compiled after warm-up: should stay 0 (tests check it)
+        self.calls = {"static": 0, "eager": 0}
+        self._warm: set[tuple[bool, int | None]] = set()  # graphs warmed up: (multi-node, logged query row)
+        self._arange: Tensor | None = None
+        self._trees: dict[int, Tensor] = {}
+        self._static_ids: set[int] = set()
+
+    def __call__(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: Cache,
+        tree_mask: Tensor | None = None,
+        log: QueryLog | None = None,
+    ) -> Tensor:
+        # Always in inference mode: Dynamo guards on the grad mode and on whether inputs are inference tensors, so
+        # every call must look the same whatever its caller's mode.
+        with torch.inference_mode():
+            return self._call(tokens, positions, cache, tree_mask, log)
+
+    def _call(
+        self, tokens: Tensor, positions: Tensor, cache: Cache, tree_mask: Tensor | None, log: QueryLog | None
+    ) -> Tensor:
+        t = tokens.shape[1]
+        plan = self._plan(t, cache, log)
+        if plan is None:
+            self.calls["eager"] += 1
+            return self.model(tokens, positions, cache, tree_mask, log=log)
+        assert isinstance(cache, (KVCache, PartialCache))
+        padded, keys = plan
+        if self.cuda_graphs:
+            self._mark_static(cache)
+        self.calls["static"] += 1
+        start = cache.end
+        rows = self._rows(cache.capacity)
+        if padded > t:  # padding nodes repeat the last real one; nothing sees them and they are never committed
+            tokens = torch.cat([tokens, tokens[:, -1:].expand(1, padded - t)], dim=1)
+            positions = torch.cat([positions, positions[-1:].expand(padded - t)])
+        # Fresh tensors, not views of the callers' buffers: Dynamo guards on a view's base and dispatch keys, and
+        # those differ between callers (a context buffer made outside inference mode, a temporary made in it).
+        tokens, positions = tokens.clone(), positions.clone()
+        before = compile_count() if self.compiled else 0
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        # Without duck sizing, sizes that happen to be equal at compile time (a buffer's capacity and the cache's)
+        # are not assumed equal forever, which would recompile when they differ.
+        with fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]  # made by torch at import
+            hidden = self.graph(
+                self.model,
+                tokens,
+                positions,
+                rows[start : start + padded],
+                self._tree(padded, t, tree_mask, tokens.device),
+                *cache.storage(),
+                rows[:keys],
+                log,
+            )
+        if self.compiled:
+            self.recompiles += compile_count() - before
+        cache.advance(t)
+        # A CUDA graph's outputs live in memory the next replay overwrites; the drafters keep some of them.
+        if not self.cuda_graphs:
+            return hidden[:, :t]
+        if log is not None:
+            log.queries = {layer: q.clone() for layer, q in log.queries.items()}
+        return hidden[:, :t].clone()
+
+    def warm_up(self, cache: KVCache, max_nodes: int, log_row: int | None = None) -> float:
+        """Compile (or record) the graphs a decoder will use, before any timing -> seconds spent.
+
+        Runs a forward of 1 and of 2 nodes at the cache's end (rows past the committed ones, dropped again):
+        the node count and the attended rows are dynamic, so these two graphs serve every later step.
+        `log_row`: the row of the `QueryLog` the decoder's forwards will carry (None: they carry none).
+        """
+        t0 = time.perf_counter()
+        if self.cuda_graphs:
+            self._mark_static(cache)
+        before = compile_count() if self.compiled else 0
+        for n in (1, 2) if max_nodes > 1 else (1,):
+            log = QueryLog(log_row) if log_row is not None else None
+            if (n > 1, log_row) in self._warm or self._plan(n, cache, log) is None:
+                continue
+            device = self.model.device
+            tokens = torch.zeros(1, n, dtype=torch.long, device=device)
+            positions = torch.arange(cache.end, cache.end + n, device=device)
+            recompiles = self.recompiles
+            try:
+                self(tokens, positions, cache, log=log)
+            except Exception as exc:  # Inductor's failures are long multi-line reports; the user gets one line
+                cache.rollback()
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise ConfigError(
+                    f"compiling the decoding step failed ({type(exc).__name__}: {first[:200]}); run with --compile off"
+                ) from exc
+            self.recompiles = recompiles  # compiling here is the point of warming up
+            cache.rollback()
+            self._warm.add((n > 1, log_row))
+        if self.compiled:
+            self.compiles += compile_count() - before
+        seconds = time.perf_counter() - t0
+        self.compile_s += seconds
+        return seconds
+
+    def _mark_static(self, cache: KVCache | PartialCache) -> None:
+        """CUDA graphs replay fixed addresses: a cache's storage is marked as such before its first graph."""
+        for buf in cache.storage():
+            if id(buf) not in self._static_ids:
+                torch._dynamo.mark_static_address(buf)
+                self._static_ids.add(id(buf))
+
+    def _plan(self, t: int, cache: Cache, log: QueryLog | None) -> tuple[int, int] | None:
+        """(padded nodes, attended rows) for a static forward, or None where the eager forward runs."""
+        if not isinstance(cache, (KVCache, PartialCache)) or cache.batch != 1:
+            return None
+        padded = node_bucket(t)
+        if padded is None or cache.end + padded >= cache.capacity:  # see key_bucket
+            return None
+        if log is not None and not 0 <= log.row < t and not (log.row < 0 and padded == t):
+            return None  # the logged row would be a padding row
+        window = self.model.cfg.sliding_window
+        if window is not None and cache.rows_are_positions and cache.end + padded > window:
+            return None
+        return padded, key_bucket(cache.end + padded, cache.capacity)
+
+    def _rows(self, capacity: int) -> Tensor:
+        if self._arange is None or self._arange.shape[0] < capacity:
+            self._arange = torch.arange(capacity, device=self.model.device)
+        return self._arange
+
+    def _tree(self, padded: int, t: int, tree_mask: Tensor | None, device: torch.device) -> Tensor:
+        """The (padded, padded) visibility among new nodes: the real block's mask (causal when None), and each
+        padding node seeing only itself."""
+        if tree_mask is None and padded == t:
+            causal = self._trees.get(padded)
+            if causal is None:
+                causal = self._trees[padded] = torch.ones(padded, padded, dtype=torch.bool, device=device).tril()
+            return causal
+        tree = torch.eye(padded, dtype=torch.bool, device=device)
+        tree[:t, :t] = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        return tree
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "compiled": self.compiled,
+            "compile_s": round(self.compile_s, 3),
+            "compiles": self.compiles,
+            "recompiles": self.recompiles,
+            "static_forwards": self.calls["static"],
+            "eager_forwards": self.calls["eager"],
+        }

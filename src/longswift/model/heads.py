@@ -1,0 +1,151 @@
+"""TokenSwift's draft heads: γ chained residual blocks on top of the frozen base model, sharing its LM head.
+
+Block i computes h_i = h_{i-1} + W_i · RMSNorm_i(h_{i-1}) (no bias), starting from h_0 = the last decoder layer's
+output *before* the final norm, and predicts token t+1+i through its own output RMSNorm and the base LM head.
+One forward of the base model therefore yields γ+1 next-token distributions (base head + γ blocks).
+
+Heads are saved as one small safetensors file whose header metadata carries a JSON description (γ, sizes and the
+base model's fingerprint); loading them onto another model is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import cast
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import HeadsError
+from ..files import atomic_write
+from .transformer import RMSNorm, Transformer
+
+FORMAT = "longswift-draft-heads/1"
+
+
+@dataclass(frozen=True)
+class HeadsMeta:
+    """What a heads file says about itself; checked against the base model before use."""
+
+    gamma: int
+    hidden_size: int
+    vocab_size: int
+    fingerprint: str
+    rms_norm_eps: float = 1e-6
+    format: str = FORMAT
+
+
+class HeadBlock(nn.Module):
+    def __init__(self, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.norm = RMSNorm(hidden, eps)
+        self.proj = nn.Linear(hidden, hidden, bias=False)
+        self.out_norm = RMSNorm(hidden, eps)
+
+
+class DraftHeads(nn.Module):
+    """γ chained blocks; `forward` returns each block's normalised output, ready for the shared LM head."""
+
+    def __init__(self, meta: HeadsMeta) -> None:
+        super().__init__()
+        self.meta = meta
+        self.blocks = nn.ModuleList(HeadBlock(meta.hidden_size, meta.rms_norm_eps) for _ in range(meta.gamma))
+
+    @classmethod
+    def for_model(cls, model: Transformer, gamma: int, fingerprint: str) -> DraftHeads:
+        """Fresh heads that start out predicting what the base head predicts (zero residual, copied final norm).
+
+        That is a far better starting point than random: training only has to learn the shift to token t+1+i.
+        """
+        cfg = model.cfg
+        heads = cls(HeadsMeta(gamma, cfg.hidden_size, cfg.vocab_size, fingerprint, cfg.rms_norm_eps))
+        heads.to(device=model.device, dtype=torch.float32)
+        with torch.no_grad():
+            for block in heads.typed_blocks():
+                block.proj.weight.zero_()
+                block.out_norm.weight.copy_(model.model.norm.weight.float())
+        return heads
+
+    def typed_blocks(self) -> list[HeadBlock]:
+        """The blocks, typed (a ModuleList yields plain Modules to the type checker)."""
+        return cast("list[HeadBlock]", list(self.blocks))
+
+    def forward(self, hidden: Tensor) -> list[Tensor]:
+        """hidden (..., H) pre-final-norm -> γ tensors (..., H), normalised by each block's output norm."""
+        outs = []
+        h = hidden
+        for block in self.typed_blocks():
+            h = h + block.proj(block.norm(h))
+            outs.append(block.out_norm(h))
+        return outs
+
+    def logits(self, model: Transformer, hidden: Tensor, base: bool = True) -> Tensor:
+        """hidden (..., H) -> fp32 logits (γ+1, ..., V): row 0 from the base head, row i from block i.
+
+        base=False leaves out the base head's row -> (γ, ..., V), for callers that already know its choice.
+        """
+        rows = [out.to(model.dtype) for out in self(hidden.to(self.dtype))]
+        if base:
+            rows.insert(0, model.model.norm(hidden))
+        return model.lm_head(torch.stack(rows)).float()  # one LM-head matmul for all rows
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.typed_blocks()[0].proj.weight.dtype
+
+    def save(self, path: str | Path) -> None:
+        """Write the heads (safetensors, with `meta` as metadata) so that `path` is the old file or all of the new.
+
+        The counterpart of `load`; the file gets the usual permissions (safetensors' own writer makes it 0600).
+        """
+        from safetensors.torch import save
+
+        tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(out, save(tensors, metadata={"longswift": json.dumps(asdict(self.meta))}))
+
+    @classmethod
+    def load(
+        cls, path: str | Path, fingerprint: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    ) -> DraftHeads:
+        """Load heads saved by `save`; refuse them if they were trained for another base model."""
+        meta, state = _read(Path(path))
+        if meta.fingerprint != fingerprint:
+            raise HeadsError(
+                f"heads {path} were trained for another model (fingerprint {meta.fingerprint}, "
+                f"this model is {fingerprint})"
+            )
+        heads = cls(meta)
+        try:
+            heads.load_state_dict(state)
+        except RuntimeError:
+            raise HeadsError(f"heads file {path} does not match its own description (γ={meta.gamma})") from None
+        return heads.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def read_meta(path: str | Path) -> HeadsMeta:
+    """The description stored in a heads file, without loading its weights into a module."""
+    return _read(Path(path))[0]
+
+
+def _read(path: Path) -> tuple[HeadsMeta, dict[str, Tensor]]:
+    from safetensors import SafetensorError, safe_open
+
+    if not path.is_file():
+        raise HeadsError(f"heads file not found: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = (f.metadata() or {}).get("longswift")
+            state = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError, RuntimeError) as exc:
+        raise HeadsError(f"corrupt heads file {path}: {str(exc).splitlines()[0] if str(exc) else exc}") from None
+    try:
+        meta = HeadsMeta(**json.loads(raw if raw is not None else "null"))
+    except (TypeError, ValueError):
+        raise HeadsError(f"{path} is not a longswift heads file (no valid description in its header)") from None
+    if meta.format != FORMAT:
+        raise HeadsError(f"{path} has heads format {meta.format!r}; this longswift reads {FORMAT!r}")
+    return meta, state
