@@ -24,6 +24,7 @@ from .compiled import StaticForward, resolve_compile
 from .decoding import ARDecoder, Decoder, Forward, drive
 from .errors import CheckpointError, ConfigError, HeadsError, PromptError, ResumeError
 from .heads import DraftHeads
+from .inputs import check_ids, check_seed, check_text
 from .job import JobState
 from .parallel import TensorParallel
 from .released import load_heads
@@ -124,10 +125,10 @@ class Engine:
         if isinstance(prompt, str):
             if not prompt:
                 raise PromptError("the prompt is empty")
-            return list(self.tokenizer(prompt)["input_ids"])
+            return list(self.tokenizer(check_text(prompt))["input_ids"])
         if not prompt:
             raise PromptError("the prompt is empty")
-        return list(prompt)
+        return check_ids(prompt, self.model.cfg.vocab_size)
 
     def stream(self, prompt: str | list[int], max_new_tokens: int = 256, *, sampling: SamplingConfig | None = None,
                seed: int | None = None, stop_strings: tuple[str, ...] = (), ignore_eos: bool = False,
@@ -147,6 +148,7 @@ class Engine:
         with `replay.ReplayDrafter`; drafts never change the output).
         """
         sampling = sampling or SamplingConfig()
+        check_seed(seed)
         spec = speculation or SpeculationConfig.for_device(self.device.type)
         stop = StopConfig(max_new_tokens, self.eos_token_ids, tuple(stop_strings), ignore_eos)
         prompt_ids = self.encode(prompt)

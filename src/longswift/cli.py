@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
@@ -17,6 +16,8 @@ from typing import Any, NoReturn, TextIO
 from .cli_job import Progress, StopOnSignal, compiling, summary
 from .cli_options import add_hardware, add_sampling, add_speculation, sampling_from, speculation_from
 from .errors import ConfigError, LongswiftError, PromptError, UsageError
+from .inputs import check_job_flags, check_text
+from .paths import atomic_write, check_outputs
 from .serve.command import add_serve_parser, cmd_serve  # FastAPI and uvicorn are imported only by cmd_serve
 
 EXIT_USER_ERROR = 2
@@ -155,6 +156,7 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .demo import run_demo
 
     speculation = speculation_from(args, args.device)
+    check_text(args.prompt)
     engine = load(args.model, heads=args.heads, device=args.device, dtype=args.dtype)
     default = "ar,tokenswift" if engine.heads is not None else "ar,hf"
     methods = tuple(m.strip() for m in (args.methods or default).split(",") if m.strip())
@@ -223,15 +225,11 @@ def _read_prompt(args: argparse.Namespace) -> str:
             raise PromptError(f"cannot read prompt file {args.prompt_file}: {exc.strerror}") from None
     if not text.strip():
         raise PromptError("the prompt is empty")
-    return text
+    return check_text(text)
 
 
 def _check_writable(path: Path | None) -> None:
-    if path is None:
-        return
-    parent = path.resolve().parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ConfigError(f"cannot write {path}")
+    check_outputs({"--out": path})
 
 
 def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -246,8 +244,10 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         sampling, speculation = sampling_from(args), speculation_from(args, args.device)
         prompt = _read_prompt(args)
         args.quiet = args.quiet or not ranks.lead  # only the group lead writes (output, stats, checkpoints)
-        for path in (args.stats_json, args.output, args.checkpoint) if ranks.lead else ():
-            _check_writable(path)
+        check_job_flags(args)
+        if ranks.lead:
+            check_outputs({"--output": args.output, "--stats-json": args.stats_json, "--checkpoint": args.checkpoint},
+                          {"--prompt-file": args.prompt_file})
         if args.resume and args.checkpoint is None:
             raise ConfigError("--resume needs --checkpoint FILE")
         resume = JobState.load(args.checkpoint) if args.resume and args.tp == 1 else None
@@ -294,7 +294,7 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         result = stream.result
         assert result is not None
         if args.stats_json and layout.is_lead:
-            args.stats_json.write_text(json.dumps(result.stats, indent=2) + "\n", encoding="utf-8")
+            atomic_write(args.stats_json, (json.dumps(result.stats, indent=2) + "\n").encode("utf-8"))
         if not args.quiet:
             err.write(summary(result.stats, result.finish_reason) + "\n")
         return 0
@@ -402,6 +402,9 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a disk that filled up, a file system gone read-only: one line, like a user error
+        err.write(f"longswift: error: {exc}\n")
+        return EXIT_USER_ERROR
 
 
 def main_entry() -> NoReturn:

@@ -123,9 +123,11 @@ def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
     from .cli import EXIT_INTERRUPTED
     from .cli_job import StopOnSignal
     from .cli_options import sampling_from, speculation_from
+    from .inputs import check_job_flags
     from .parallel import start
 
     with RankErrors(args.tp) as ranks:
+        check_job_flags(args)
         sampling, speculation = sampling_from(args), speculation_from(args, args.device)
         items = read_prompts(args.prompts)
         model_dir = args.model or default_model_dir()
@@ -136,7 +138,7 @@ def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
         layout = layout_from_env(args.tp)
         device = resolve_device(args.device)
         if layout.is_lead:
-            check_out_dir(args.out_dir)
+            check_out_dir(args.out_dir, args.prompts)
         parallel = ranks.started(start(layout, device))
         everyone = _everyone(layout)
         engine = load(ckpt.path, heads=args.heads, device=args.device, dtype=args.dtype, compile=args.compile,

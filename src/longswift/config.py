@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import CheckpointError, ConfigError
+from .inputs import check_config_types
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -71,6 +72,7 @@ class ModelConfig:
             raise CheckpointError(
                 f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
+        check_config_types(raw)
         try:
             return _model_config(arch, raw)
         except (KeyError, TypeError, ValueError) as exc:

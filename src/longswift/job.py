@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import LongswiftError, ResumeError
+from .errors import LongswiftError, OutputError, ResumeError
+from .paths import atomic_write as _atomic_write  # batch.py imports it from here
 
 FORMAT = "longswift-job/1"
 
@@ -84,20 +85,6 @@ def _digest(payload: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8")).hexdigest()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 class TextSink:
     """Where generated text goes: a file (made durable at every checkpoint) or a stream such as stdout."""
 
@@ -127,14 +114,26 @@ class TextSink:
             raise ResumeError(f"cannot write output file {path}: {exc.strerror}") from None
 
     def write(self, text: str) -> None:
-        self._stream.write(text)
-        self._stream.flush()
+        try:
+            self._stream.write(text)
+            self._stream.flush()
+        except OSError as exc:
+            self._failed(exc)
 
     def sync(self) -> None:
         """Make everything written so far durable (before a checkpoint that claims it)."""
-        self._stream.flush()
-        if self.path is not None:
-            os.fsync(self._stream.fileno())
+        try:
+            self._stream.flush()
+            if self.path is not None:
+                os.fsync(self._stream.fileno())
+        except OSError as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        if self.path is None:  # stdout: a closed pipe is the CLI's to handle
+            raise exc
+        raise OutputError(f"cannot write output file {self.path}: {exc.strerror or exc}; it holds the text up to "
+                          "the last checkpoint (resume with --resume)") from None
 
     def close(self) -> None:
         if self.path is not None:

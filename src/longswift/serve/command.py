@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 from ..cli_options import add_hardware, add_sampling, add_speculation, sampling_from, speculation_from
 from ..errors import ConfigError
+from ..paths import check_directory
 from .config import GenerationDefaults, ServeConfig
 
 
@@ -23,7 +24,7 @@ def add_serve_parser(p: argparse.ArgumentParser) -> None:
     n.add_argument("--port", type=int, default=8000, help="port to listen on; 0 = any free port (default 8000)")
     n.add_argument("--served-model-name", help="the model id clients pass (default: the model directory's name, "
                                                "'longswift-default' for the embedded model)")
-    n.add_argument("--api-key", default=os.environ.get("LONGSWIFT_API_KEY"),
+    n.add_argument("--api-key", default=os.environ.get("LONGSWIFT_API_KEY") or None,
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $LONGSWIFT_API_KEY, else none)")
     n.add_argument("--max-queue", type=int, default=8,
                    help="requests that may wait while one generates; beyond that 429 (default 8)")
@@ -32,6 +33,8 @@ def add_serve_parser(p: argparse.ArgumentParser) -> None:
     n.add_argument("--jobs-dir", type=Path, help="where requests naming a job_id keep their checkpoints "
                                                  "(default: none, job_id is refused)")
     n.add_argument("--checkpoint-every", type=int, default=2048, help="tokens between job checkpoints (2048)")
+    n.add_argument("--read-timeout", type=float, default=30.0,
+                   help="seconds a client may take to send a request's head, and then its body (default 30)")
     n.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default info)")
     g = p.add_argument_group("generation defaults (a request's own fields win)")
@@ -49,15 +52,10 @@ def serve_config(args: argparse.Namespace, model_dir: Path, embedded: bool) -> S
                                   speculation_from(args, args.device))
     name = args.served_model_name or ("longswift-default" if embedded else model_dir.resolve().name)
     if args.jobs_dir is not None:
-        try:
-            args.jobs_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"cannot create --jobs-dir {args.jobs_dir}: {exc.strerror}") from None
-        if not os.access(args.jobs_dir, os.W_OK):
-            raise ConfigError(f"cannot write --jobs-dir {args.jobs_dir}")
-    return ServeConfig(host=args.host, port=args.port, model_name=name, api_key=args.api_key or None,
+        check_directory(args.jobs_dir, "--jobs-dir")
+    return ServeConfig(host=args.host, port=args.port, model_name=name, api_key=args.api_key,
                        max_queue=args.max_queue, max_request_bytes=args.max_request_bytes, jobs_dir=args.jobs_dir,
-                       checkpoint_every=args.checkpoint_every, defaults=defaults)
+                       checkpoint_every=args.checkpoint_every, read_timeout=args.read_timeout, defaults=defaults)
 
 
 def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -65,6 +63,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         import uvicorn
 
         from .app import create_app
+        from .timeouts import timed_protocol
     except ImportError as exc:
         raise ConfigError(f"longswift serve needs FastAPI and uvicorn ({exc.name} is missing): "
                           "pip install 'longswift[serve]'") from None
@@ -81,7 +80,8 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     _compile_before_serving(engine, config, err)
     app = create_app(engine, config)
     server = _server_class()(uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
-                                            timeout_graceful_shutdown=30), app.state.worker, err)
+                                            timeout_graceful_shutdown=30, http=timed_protocol(config.read_timeout)),
+                             app.state.worker, err)
     server.run()
     return 0
 
