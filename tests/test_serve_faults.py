@@ -22,6 +22,8 @@ from longswift.serve import ServeConfig
 from longswift.serve.app import create_app
 from longswift.serve.timeouts import timed_protocol
 
+from .test_serve import wait_for
+
 MODEL = "longswift-default"
 KEY = "clé-ключ-🔑"  # not ASCII: comparing str keys raised TypeError (a 500) for every request
 AUTH = {"Authorization": b"Bearer " + KEY.encode("utf-8")}
@@ -37,7 +39,7 @@ class Server:
                                                     http=timed_protocol(config.read_timeout)))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        _wait(lambda: self.server.started, 60)
+        wait_for(lambda: self.server.started, 60)
         self.port = self.server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -53,13 +55,6 @@ class Server:
         self.app.state.worker.stop()
         self.server.should_exit = True
         self.thread.join(30)
-
-
-def _wait(predicate, timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < end, "condition not met in time"
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +76,7 @@ def server(engine, jobs_dir):
 
 @pytest.fixture
 def idle(server):
-    _wait(lambda: server.health()["running"] == 0 and server.health()["queued"] == 0, 20)
+    wait_for(lambda: server.health()["running"] == 0 and server.health()["queued"] == 0, 20)
     return server
 
 
@@ -139,11 +134,11 @@ def test_queued_request_whose_client_left_frees_its_place_at_once(idle):
         assert idle.health()["running"] == 1
         with pytest.raises(httpx.ReadTimeout):  # queued behind the long job; the client gives up
             idle.post(long, timeout=1.0)
-        _wait(lambda: idle.health()["queued"] == 0, 3)  # not when the 20,000-token job ends
+        wait_for(lambda: idle.health()["queued"] == 0, 3)  # not when the 20,000-token job ends
         with pytest.raises(httpx.ReadTimeout):  # so the next client is queued again, not answered 429
             idle.post(long, timeout=1.0)
-        _wait(lambda: idle.health()["queued"] == 0, 3)
-    _wait(lambda: idle.health()["running"] == 0, 20)
+        wait_for(lambda: idle.health()["queued"] == 0, 3)
+    wait_for(lambda: idle.health()["running"] == 0, 20)
     assert idle.post({"model": MODEL, "prompt": PROMPT, "max_tokens": 2}).status_code == 200
 
 

@@ -8,6 +8,8 @@ the same command gives every group the same share. A job's files in the output d
   ID.result.json  written once the job ended (or failed): the job's line of results.jsonl, and the mark that
                   makes a rerun skip it.
 A bad line (not JSON, no prompt, a prompt the model cannot take) fails only its own job: the error is its result.
+A line whose id names the same files as an earlier line's is a bad line too (batch_ids.py); a line that is bad in
+the prompts file alone owns no files, its error is reported from the file on every run.
 """
 
 from __future__ import annotations
