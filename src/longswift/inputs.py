@@ -8,6 +8,7 @@ instead of a traceback from the tokenizer, torch or the file system further down
 from __future__ import annotations
 
 import argparse
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,13 +30,19 @@ def check_text(text: str, what: str = "the prompt") -> str:
 
 
 def check_ids(ids: Sequence[Any], vocab_size: int) -> list[int]:
-    """Token ids as a list, each an integer in [0, vocab_size)."""
+    """Token ids as a list of ints (numpy and torch integers are taken), each in [0, vocab_size)."""
+    out = []
     for i, token in enumerate(ids):
-        if not isinstance(token, int) or isinstance(token, bool):
-            raise PromptError(f"token id at position {i} is not an integer: {token!r}")
-        if not 0 <= token < vocab_size:
-            raise PromptError(f"token id {token} at position {i} is outside the vocabulary [0, {vocab_size})")
-    return list(ids)
+        try:
+            if isinstance(token, bool):
+                raise TypeError
+            value = operator.index(token)
+        except TypeError:
+            raise PromptError(f"token id at position {i} is not an integer: {token!r}") from None
+        if not 0 <= value < vocab_size:
+            raise PromptError(f"token id {value} at position {i} is outside the vocabulary [0, {vocab_size})")
+        out.append(value)
+    return out
 
 
 def check_seed(seed: int | None) -> int | None:
