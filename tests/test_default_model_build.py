@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-
 from tools.default_model import corpus, prompts, quality, train_base
 
 
@@ -43,9 +42,11 @@ def test_normalising_keeps_code_and_drops_what_is_not_text():
 
 def test_prompts_come_from_held_out_units_in_line_aligned_windows(tmp_path):
     long_text = "".join(f"line {i}\n" for i in range(4000))
-    rows = [{"id": "tests/a/x.py", "work": "tests/a", "text": long_text},
-            {"id": "tests/b/y.py", "work": "tests/b", "text": "short\n" * 900},
-            {"id": "tests/c/z.py", "work": "tests/c", "text": "tiny\n"}]
+    rows = [
+        {"id": "tests/a/x.py", "work": "tests/a", "text": long_text},
+        {"id": "tests/b/y.py", "work": "tests/b", "text": "short\n" * 900},
+        {"id": "tests/c/z.py", "work": "tests/c", "text": "tiny\n"},
+    ]
     (tmp_path / "valid.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     path = prompts.write_prompts(tmp_path, tmp_path)
     got = [json.loads(line) for line in path.read_text().splitlines()]
@@ -63,8 +64,9 @@ def test_line_stats_count_runs_of_one_line_and_of_blank_lines():
 
 def _tiny_training(tmp_path, steps: int):
     config = train_base.build_config(train_base.ModelShape(32, 64, 2, 2, 1), vocab_size=97, eos_id=0)
-    settings = train_base.TrainSettings(steps=steps, seq_len=16, batch_size=2, warmup_steps=1, log_every=100,
-                                        save_every=2, bf16=False)
+    settings = train_base.TrainSettings(
+        steps=steps, seq_len=16, batch_size=2, warmup_steps=1, log_every=100, save_every=2, bf16=False
+    )
     stream = torch.randint(0, 97, (4000,), generator=torch.Generator().manual_seed(0))
     return config, settings, stream
 
@@ -75,8 +77,12 @@ def test_an_interrupted_base_training_resumes_to_the_same_weights(tmp_path):
     train_base.train(straight, stream, settings)
     # A run that saves only at step 4 stands for one killed after step 4: its state dir holds step 4.
     state = tmp_path / "state"
-    train_base.train(train_base.build_model(config, 1), stream,
-                     train_base.TrainSettings(**{**settings.__dict__, "save_every": 4}), state)
+    train_base.train(
+        train_base.build_model(config, 1),
+        stream,
+        train_base.TrainSettings(**{**settings.__dict__, "save_every": 4}),
+        state,
+    )
     assert json.loads((state / "state.json").read_text())["progress"]["step"] == 4
     resumed = train_base.build_model(config, 7)  # other initial weights: all must come from the state
     assert train_base.train(resumed, stream, settings, state, resume=True)["steps_done"] == 6

@@ -16,7 +16,7 @@ PACKAGE = SRC / "longswift"
 
 # Lowest first. A name is the first component below `longswift` (a module or a package of modules).
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "files", "version", "_moved"),  # the foundation: no torch, no configs
+    ("errors", "files", "inputs", "version", "_moved"),  # the foundation: no torch, no configs
     ("config",),  # frozen configuration dataclasses
     ("model",),  # transformer, caches, checkpoints, heads, compiled forwards
     ("decode",),  # AR and TokenSwift decoders and their parts

@@ -23,6 +23,7 @@ from .decode.loop import ARDecoder, Decoder, Forward, drive
 from .decode.sampling import TokenChooser
 from .decode.transcript import Piece, Transcript
 from .errors import ConfigError, HeadsError, PromptError, ResumeError
+from .inputs import check_ids, check_seed, check_text
 from .jobs.request import GenerationRequest
 from .jobs.state import JobState
 from .launch import Launch, LaunchConfig
@@ -121,10 +122,10 @@ class Engine:
         if isinstance(prompt, str):
             if not prompt:
                 raise PromptError("the prompt is empty")
-            return list(self.tokenizer(prompt)["input_ids"])
+            return list(self.tokenizer(check_text(prompt))["input_ids"])
         if not prompt:
             raise PromptError("the prompt is empty")
-        return list(prompt)
+        return check_ids(prompt, self.model.cfg.vocab_size)
 
     def stream(
         self, request: GenerationRequest | str | list[int], max_new_tokens: int | None = None, **settings: Any
@@ -145,6 +146,7 @@ class Engine:
 
     def _start(self, req: GenerationRequest) -> GenerationStream:
         sampling = req.sampling
+        check_seed(req.seed)
         spec = req.speculation or SpeculationConfig.for_device(self.device.type)
         stop = StopConfig(req.max_new_tokens, self.eos_token_ids, req.stop_strings, req.ignore_eos)
         prompt_ids = self.encode(req.prompt if isinstance(req.prompt, str) else list(req.prompt))

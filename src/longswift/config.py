@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from .errors import CheckpointError, ConfigError
+from .inputs import check_config_types
 
 # The choices that used to be free strings; `get_args` turns each into the tuple that validation checks against.
 Mode = Literal["auto", "tokenswift", "ar"]  # auto = TokenSwift when draft heads are loaded, else AR
@@ -77,6 +78,7 @@ class ModelConfig:
         arch = archs[0] if archs else _arch_from_model_type(raw.get("model_type"))
         if arch not in SUPPORTED_ARCHITECTURES:
             raise CheckpointError(f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        check_config_types(raw)
         try:
             return _model_config(arch, raw)
         except (KeyError, TypeError, ValueError) as exc:

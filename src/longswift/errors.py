@@ -39,3 +39,7 @@ class ResumeError(LongswiftError):
 
 class NumericalError(LongswiftError):
     """The model produced non-finite logits (NaN or infinity), usually a dtype overflow at long context."""
+
+
+class OutputError(LongswiftError):
+    """An output file (checkpoint, stats, results) could not be written, e.g. the disk is full."""

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from longswift.checkpoint import HEADS_FILE, Checkpoint
-from longswift.heads import DraftHeads
+from longswift.model.checkpoint import HEADS_FILE, Checkpoint
+from longswift.model.heads import DraftHeads
 from longswift.train import StepStats, TrainConfig, evaluate_heads, load_token_stream, train_heads
 
 from .corpus import DEFAULT_WORK

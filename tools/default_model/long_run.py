@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from longswift.checkpoint import Checkpoint, default_model_dir
-from longswift.job import JobState
-from longswift.metrics import distinct_n
+from longswift.model.checkpoint import Checkpoint, default_model_dir
+from longswift.jobs.state import JobState
+from longswift.bench.metrics import distinct_n
 
 from .corpus import DEFAULT_WORK
 from .model_card import LONG_RUN_FILE

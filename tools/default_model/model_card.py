@@ -264,7 +264,7 @@ def write_model_card(
 
 
 def _same_model(fingerprint: str | None, out_dir: Path) -> bool:
-    from longswift.checkpoint import Checkpoint
+    from longswift.model.checkpoint import Checkpoint
 
     return fingerprint is not None and fingerprint == Checkpoint.open(out_dir).fingerprint()
 

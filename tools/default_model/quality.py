@@ -31,9 +31,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 import longswift
 from longswift import SamplingConfig
-from longswift.checkpoint import Checkpoint, default_model_dir
-from longswift.metrics import distinct_n
-from longswift.sampling import TokenChooser
+from longswift.model.checkpoint import Checkpoint, default_model_dir
+from longswift.bench.metrics import distinct_n
+from longswift.decode.sampling import TokenChooser
 
 from .corpus import DEFAULT_WORK
 

@@ -18,6 +18,7 @@ from ..api import Engine
 from ..bench.identity import NEAR_TIE_FP32, Comparison, compare, near_tie_bound
 from ..config import Mode, SamplingConfig, SpeculationConfig
 from ..errors import ConfigError
+from ..inputs import check_text
 from ..jobs.request import GenerationRequest
 from .options import add_speculation, speculation_from
 
@@ -149,6 +150,7 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from ..api import load
 
     speculation = speculation_from(args, args.device)
+    check_text(args.prompt)
     engine = load(args.model, heads=args.heads, device=args.device, dtype=args.dtype)
     default = "ar,tokenswift" if engine.heads is not None else "ar,hf"
     methods = tuple(m.strip() for m in (args.methods or default).split(",") if m.strip())

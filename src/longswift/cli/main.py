@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from ..errors import ConfigError, LongswiftError, PromptError, UsageError
+from ..files import atomic_write, check_outputs
+from ..inputs import check_job_flags, check_text
 from .demo import add_demo, cmd_demo
 from .heads import add_export_heads, add_train_heads, cmd_export_heads, cmd_train_heads
 from .job import EXIT_INTERRUPTED, EXIT_USER_ERROR, Progress, StopOnSignal, compiling, summary
@@ -22,7 +24,6 @@ from .options import (
     add_hardware,
     add_sampling,
     add_speculation,
-    check_writable,
     launch_from,
     request_from,
     sampling_from,
@@ -131,7 +132,7 @@ def _read_prompt(args: argparse.Namespace) -> str:
             raise PromptError(f"cannot read prompt file {args.prompt_file}: {exc.strerror}") from None
     if not text.strip():
         raise PromptError("the prompt is empty")
-    return text
+    return check_text(text)
 
 
 def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -145,8 +146,12 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         sampling, speculation = sampling_from(args), speculation_from(args, args.device)
         prompt = _read_prompt(args)
         args.quiet = args.quiet or not ranks.lead  # only the group lead writes (output, stats, checkpoints)
-        for path in (args.stats_json, args.output, args.checkpoint) if ranks.lead else ():
-            check_writable(path)
+        check_job_flags(args)
+        if ranks.lead:
+            check_outputs(
+                {"--output": args.output, "--stats-json": args.stats_json, "--checkpoint": args.checkpoint},
+                {"--prompt-file": args.prompt_file},
+            )
         if args.resume and args.checkpoint is None:
             raise ConfigError("--resume needs --checkpoint FILE")
         resume = JobState.load(args.checkpoint) if args.resume and args.tp == 1 else None
@@ -194,7 +199,7 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         result = stream.result
         assert result is not None
         if args.stats_json and layout.is_lead:
-            args.stats_json.write_text(json.dumps(result.stats, indent=2) + "\n", encoding="utf-8")
+            atomic_write(args.stats_json, (json.dumps(result.stats, indent=2) + "\n").encode("utf-8"))
         if not args.quiet:
             err.write(summary(result.stats, result.finish_reason) + "\n")
         return 0
@@ -339,6 +344,9 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a disk that filled up, a file system gone read-only: one line, like a user error
+        err.write(f"longswift: error: {exc}\n")
+        return EXIT_USER_ERROR
 
 
 def main_entry() -> NoReturn:

@@ -4,7 +4,6 @@ become configuration objects: one definition, so the commands cannot drift apart
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
@@ -124,13 +123,12 @@ def add_hardware(p: argparse.ArgumentParser, compile_note: str = "") -> Any:
     return d
 
 
-def check_writable(path: Path | None) -> None:
-    """Fail before any work if an output file could not be written (a long job must not fail at its end)."""
-    if path is None:
-        return
-    parent = path.resolve().parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ConfigError(f"cannot write {path}")
+def check_writable(path: Path | None, label: str = "--out") -> None:
+    """Fail before any work if an output file could not be written safely (files.check_outputs: a regular file or
+    nothing yet, in a writable directory); a long job must not fail at its end."""
+    from ..files import check_outputs
+
+    check_outputs({label: path})
 
 
 def request_from(args: argparse.Namespace, prompt: str, sampling: Any, speculation: Any) -> Any:

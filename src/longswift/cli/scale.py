@@ -133,18 +133,20 @@ def add_generate_batch(p: argparse.ArgumentParser) -> None:
 def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
     """Run the batch: this process's group takes its share; rank 0 writes results.jsonl once every group is done."""
     from ..api import Engine
+    from ..inputs import check_job_flags
     from ..jobs.batch import BatchOptions, BatchRunner, check_out_dir, read_prompts, share, write_results
     from ..launch import Launch
     from .job import EXIT_INTERRUPTED, StopOnSignal
     from .options import launch_from, request_from, sampling_from, speculation_from
 
     with RankErrors(args.tp) as ranks:
+        check_job_flags(args)
         sampling, speculation = sampling_from(args), speculation_from(args, args.device)
         items = read_prompts(args.prompts)
         launch = Launch(launch_from(args))
         layout = layout_from_env(args.tp)
         if layout.is_lead:
-            check_out_dir(args.out_dir)
+            check_out_dir(args.out_dir, args.prompts)
         parallel = ranks.started(launch.start(layout))
         everyone = _everyone(layout)
         engine = Engine.launched(launch)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..errors import ConfigError
+from ..files import check_directory
 from ..serve.config import GenerationDefaults, ServeConfig
 from .options import add_hardware, add_sampling, add_speculation, sampling_from, speculation_from
 
@@ -28,7 +29,7 @@ def add_serve_parser(p: argparse.ArgumentParser) -> None:
     )
     n.add_argument(
         "--api-key",
-        default=os.environ.get("LONGSWIFT_API_KEY"),
+        default=os.environ.get("LONGSWIFT_API_KEY") or None,
         help="require 'Authorization: Bearer KEY' on /v1/* (default: $LONGSWIFT_API_KEY, else none)",
     )
     n.add_argument(
@@ -46,6 +47,12 @@ def add_serve_parser(p: argparse.ArgumentParser) -> None:
         help="where requests naming a job_id keep their checkpoints (default: none, job_id is refused)",
     )
     n.add_argument("--checkpoint-every", type=int, default=2048, help="tokens between job checkpoints (2048)")
+    n.add_argument(
+        "--read-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a client may take to send a request's head, and then its body (default 30)",
+    )
     n.add_argument(
         "--log-level",
         default="info",
@@ -72,21 +79,17 @@ def serve_config(args: argparse.Namespace, model_dir: Path, embedded: bool) -> S
     )
     name = args.served_model_name or ("longswift-default" if embedded else model_dir.resolve().name)
     if args.jobs_dir is not None:
-        try:
-            args.jobs_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"cannot create --jobs-dir {args.jobs_dir}: {exc.strerror}") from None
-        if not os.access(args.jobs_dir, os.W_OK):
-            raise ConfigError(f"cannot write --jobs-dir {args.jobs_dir}")
+        check_directory(args.jobs_dir, "--jobs-dir")
     return ServeConfig(
         host=args.host,
         port=args.port,
         model_name=name,
-        api_key=args.api_key or None,
+        api_key=args.api_key,
         max_queue=args.max_queue,
         max_request_bytes=args.max_request_bytes,
         jobs_dir=args.jobs_dir,
         checkpoint_every=args.checkpoint_every,
+        read_timeout=args.read_timeout,
         defaults=defaults,
     )
 
@@ -96,6 +99,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         import uvicorn
 
         from ..serve.app import create_app
+        from ..serve.timeouts import timed_protocol
     except ImportError as exc:
         raise ConfigError(
             f"longswift serve needs FastAPI and uvicorn ({exc.name} is missing): pip install 'longswift[serve]'"
@@ -111,7 +115,14 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     _compile_before_serving(engine, config, err)
     app = create_app(engine, config)
     server = _server_class()(
-        uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level, timeout_graceful_shutdown=30),
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=args.log_level,
+            timeout_graceful_shutdown=30,
+            http=timed_protocol(config.read_timeout),
+        ),
         app.state.worker,
         err,
     )

@@ -8,6 +8,8 @@ the same command gives every group the same share. A job's files in the output d
   ID.result.json  written once the job ended (or failed): the job's line of results.jsonl, and the mark that
                   makes a rerun skip it.
 A bad line (not JSON, no prompt, a prompt the model cannot take) fails only its own job: the error is its result.
+A line whose id names the same files as an earlier line's is a bad line too (see `unique_id`); a line that is bad in
+the prompts file alone owns no files, its error is reported from the file on every run.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, LongswiftError, PromptError
-from ..files import atomic_write
+from ..errors import ConfigError, LongswiftError, OutputError, PromptError
+from ..files import atomic_write, check_directory, check_outputs, output_problem
+from ..inputs import check_seed, check_text
 from .request import GenerationRequest
 from .state import JobState, TextSink, run_job
 
@@ -75,14 +78,11 @@ def read_prompts(path: Path) -> list[BatchItem]:
         raise PromptError(f"prompts file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise PromptError(f"cannot read prompts file {path}: {exc}") from None
-    items, seen = [], set()
+    items: list[BatchItem] = []
+    owners: dict[str, int] = {}  # file-name key of an id -> the line that has it
     for number, text in enumerate(lines, start=1):
         if text.strip():
-            item = _parse(number, text)
-            if item.stem in seen:
-                item = BatchItem(number, f"line-{number}", error=f"line {number}: duplicate id {item.id!r}")
-            seen.add(item.stem)
-            items.append(item)
+            items.append(unique_id(_parse(number, text), owners))
     if not items:
         raise PromptError(f"prompts file {path} has no prompts")
     return items
@@ -100,9 +100,18 @@ def _parse(number: int, text: str) -> BatchItem:
     if not isinstance(raw_id, (str, int)) or isinstance(raw_id, bool) or not str(raw_id):
         return BatchItem(number, fallback, error=f"line {number}: id must be a non-empty string or an integer")
     item_id = str(raw_id)
+    try:
+        check_text(item_id, "the id")
+    except PromptError as exc:
+        return BatchItem(number, fallback, error=f"line {number}: {exc}")
     prompt = data.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         return BatchItem(number, item_id, error=f"line {number}: no prompt (a non-empty string is required)")
+    try:
+        check_text(prompt)
+        check_seed(data.get("seed") if isinstance(data.get("seed"), int) else None)
+    except LongswiftError as exc:
+        return BatchItem(number, item_id, error=f"line {number}: {exc}")
     n, seed = data.get("max_new_tokens"), data.get("seed")
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
         return BatchItem(number, item_id, error=f"line {number}: max_new_tokens must be an integer >= 1, got {n!r}")
@@ -127,20 +136,28 @@ class BatchRunner:
     def run(self, items: list[BatchItem]) -> bool:
         """Run every job of `items` not yet finished; -> False if interrupted (rerun to resume)."""
         for item in items:
-            if self.decide(self._result_path(item).exists):
-                continue  # finished in an earlier run: never generated twice
-            if item.error is not None:
-                self._finish(item, {"error": item.error})
+            if item.error is not None:  # known from the prompts file alone: it owns no files (its id may not)
+                self.report(f"[longswift] error: {item.error}")
                 continue
+            if self.decide(self._result_path(item).is_file):
+                continue  # finished in an earlier run: never generated twice
             try:
                 if not self._run_one(item):
                     return False
+            except OutputError:  # the disk is full or gone: every further job would fail alike (rerun resumes)
+                raise
             except LongswiftError as exc:  # too long, a foreign checkpoint, NaN logits: this job only
                 self._finish(item, {"error": str(exc)})
+            except Exception as exc:  # noqa: BLE001  (a bug in longswift must not cost the other prompts theirs)
+                self._finish(item, {"error": f"internal error ({type(exc).__name__}: {exc})"})
         return True
 
     def _run_one(self, item: BatchItem) -> bool:
         ckpt = self.out_dir / f"{item.stem}.ckpt.json"
+        # A directory or device node where a job file should be is refused, never replaced (the lead decides).
+        problem = self.decide(lambda: output_problem(job_files(self.out_dir, item)))
+        if problem is not None:
+            raise ConfigError(problem)
         resume = self.decide(lambda: JobState.load(ckpt) if ckpt.exists() else None)
         stream = self.engine.stream(self.options.for_item(item, resume))
         text = self.out_dir / f"{item.stem}.txt"
@@ -172,8 +189,10 @@ class BatchRunner:
 
     def _finish(self, item: BatchItem, fields: dict[str, Any]) -> None:
         line = {"id": item.id, "line": item.line, **fields}
+        path = self._result_path(item)
         if self.writes:
-            atomic_write(self._result_path(item), json.dumps(line).encode("utf-8"))
+            if path.is_file() or not path.exists():  # else: reported, and the path left alone
+                atomic_write(path, json.dumps(line).encode("utf-8"))
             what = (
                 f"error: {fields['error']}"
                 if "error" in fields
@@ -194,6 +213,9 @@ def results_lines(items: list[BatchItem], out_dir: Path) -> list[dict[str, Any]]
     """results.jsonl's lines, in the prompts file's order (a job without a result is reported as unfinished)."""
     lines = []
     for item in items:
+        if item.error is not None:
+            lines.append({"id": item.id, "line": item.line, "error": item.error})
+            continue
         path = out_dir / f"{item.stem}.result.json"
         try:
             lines.append(json.loads(path.read_text(encoding="utf-8")))
@@ -206,8 +228,42 @@ def write_results(path: Path, lines: list[dict[str, Any]]) -> None:
     atomic_write(path, "".join(json.dumps(line) + "\n" for line in lines).encode("utf-8"))
 
 
-def check_out_dir(out_dir: Path) -> None:
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot create output directory {out_dir}: {exc.strerror}") from None
+def check_out_dir(out_dir: Path, prompts: Path | None = None) -> None:
+    """Before any work: the output directory can be written, and results.jsonl is not the prompts file."""
+    check_directory(out_dir, "--out-dir")
+    check_outputs({"results.jsonl": out_dir / "results.jsonl"}, {"--prompts": prompts})
+
+
+# Job ids of a batch: unique by the files they name, so no job can overwrite another's text, checkpoint or result.
+# An id becomes file names (`BatchItem.stem`: characters outside [A-Za-z0-9._-] become '_', cut at 120), and
+# file systems may ignore case, so two ids clash when their stems are equal ignoring case ("a b" and "A_B"), and
+# an explicit id can take a later line's default id ("line-2" on line 1). The first line keeps the id; every later
+# line that claims it is an error of its own, and an error line owns no files (it is reported from the prompts
+# file alone), so a collision can never make two prompts share a result.
+JOB_SUFFIXES = {"text": ".txt", "checkpoint": ".ckpt.json", "result": ".result.json"}
+
+
+def id_key(item: BatchItem) -> str:
+    """What two ids must not share: their file stem, ignoring case."""
+    return item.stem.lower()
+
+
+def unique_id(item: BatchItem, owners: dict[str, int]) -> BatchItem:
+    """`item`, or an error item if an earlier line already has its id; records the id in `owners`."""
+    if item.error is not None:
+        return item
+    key = id_key(item)
+    if key in owners:
+        return replace(
+            item,
+            error=f"line {item.line}: id {item.id!r} names the same files as the id "
+            f"of line {owners[key]} (ids must differ in more than case and "
+            "characters outside A-Z a-z 0-9 . _ -); give it another id",
+        )
+    owners[key] = item.line
+    return item
+
+
+def job_files(out_dir: Path, item: BatchItem) -> dict[str, Path]:
+    """The files of `item`'s job in the output directory, by role."""
+    return {f"{item.id!r} {role}": out_dir / f"{item.stem}{suffix}" for role, suffix in JOB_SUFFIXES.items()}

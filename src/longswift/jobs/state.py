@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ..errors import LongswiftError, ResumeError
+from ..errors import LongswiftError, OutputError, ResumeError
 from ..files import atomic_write
 
 FORMAT = "longswift-job/1"
@@ -120,14 +120,28 @@ class TextSink:
             raise ResumeError(f"cannot write output file {path}: {exc.strerror}") from None
 
     def write(self, text: str) -> None:
-        self._stream.write(text)
-        self._stream.flush()
+        try:
+            self._stream.write(text)
+            self._stream.flush()
+        except OSError as exc:
+            self._failed(exc)
 
     def sync(self) -> None:
         """Make everything written so far durable (before a checkpoint that claims it)."""
-        self._stream.flush()
-        if self.path is not None:
-            os.fsync(self._stream.fileno())
+        try:
+            self._stream.flush()
+            if self.path is not None:
+                os.fsync(self._stream.fileno())
+        except OSError as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        if self.path is None:  # stdout: a closed pipe is the CLI's to handle
+            raise exc
+        raise OutputError(
+            f"cannot write output file {self.path}: {exc.strerror or exc}; it holds the text up to "
+            "the last checkpoint (resume with --resume)"
+        ) from None
 
     def close(self) -> None:
         if self.path is not None:

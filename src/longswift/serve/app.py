@@ -9,7 +9,7 @@ response starts only once the worker reports the generation `Started`.
 from __future__ import annotations
 
 import asyncio
-import secrets
+import hmac
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -40,7 +40,7 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
 
     app = FastAPI(title="longswift", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.worker = worker
-    app.add_middleware(Guard, api_key=config.api_key, limit=config.max_request_bytes)
+    app.add_middleware(Guard, api_key=config.api_key, limit=config.max_request_bytes, read_timeout=config.read_timeout)
     _add_error_handlers(app)
 
     @app.get("/health")
@@ -176,8 +176,8 @@ class _JobStream(StreamingResponse):
 class Guard:
     """ASGI middleware: 401 for /v1/* without the API key, 413 for bodies over the limit (read no further)."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, limit: int) -> None:
-        self.app, self.api_key, self.limit = app, api_key, limit
+    def __init__(self, app: ASGIApp, api_key: str | None, limit: int, read_timeout: float = 30.0) -> None:
+        self.app, self.api_key, self.limit, self.read_timeout = app, api_key, limit, read_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -190,9 +190,8 @@ class Guard:
             await _error_response(error)(scope, receive, send)
             return
         body = await self._read_body(receive)
-        if body is None:
-            error = ApiError(413, f"request body exceeds {self.limit:,} bytes", code="request_too_large")
-            await _error_response(error)(scope, receive, send)
+        if isinstance(body, ApiError):
+            await _error_response(body)(scope, receive, send)
             return
         replayed = False
 
@@ -206,21 +205,29 @@ class Guard:
         await self.app(scope, replay, send)
 
     def _authorized(self, scope: Scope) -> bool:
-        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-        scheme, _, key = header.partition(" ")
-        return scheme.lower() == "bearer" and secrets.compare_digest(key.strip(), self.api_key or "")
+        # Bytes against the key's UTF-8 bytes: any header bytes and any key compare, in constant time (comparing
+        # str raised TypeError, a 500, for non-ASCII on either side).
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, key = header.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(key.strip(), (self.api_key or "").encode("utf-8"))
 
-    async def _read_body(self, receive: Receive) -> bytes | None:
-        """The whole body, or None as soon as it is known to exceed the limit."""
+    async def _read_body(self, receive: Receive) -> bytes | ApiError:
+        """The whole body, or the error as soon as it exceeds the limit or has not arrived within the timeout."""
         chunks, size, more = [], 0, True
+        deadline = asyncio.get_running_loop().time() + self.read_timeout
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
+            except TimeoutError:
+                return ApiError(
+                    408, f"the request body did not arrive within {self.read_timeout:g} s", code="request_timeout"
+                )
             if message["type"] != "http.request":
                 break
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.limit:
-                return None
+                return ApiError(413, f"request body exceeds {self.limit:,} bytes", code="request_too_large")
             more = message.get("more_body", False)
         return b"".join(chunks)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..config import Mode, SamplingConfig, SpeculationConfig
 from ..errors import ConfigError
+from ..inputs import check_api_key
 
 
 @dataclass(frozen=True)
@@ -32,9 +33,13 @@ class ServeConfig:
     max_request_bytes: int = 8 * 1024 * 1024  # larger bodies get 413
     jobs_dir: Path | None = None  # where `job_id` requests keep their checkpoints; None: job_id is refused
     checkpoint_every: int = 2048  # tokens between checkpoints of a `job_id` request
+    read_timeout: float = 30.0  # seconds a client may take to send its request head, and then its body (else 408)
     defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
 
     def __post_init__(self) -> None:
+        check_api_key(self.api_key)
+        if not self.read_timeout > 0:
+            raise ConfigError(f"read-timeout must be > 0 seconds, got {self.read_timeout}")
         if self.max_queue < 0:
             raise ConfigError(f"max-queue must be >= 0, got {self.max_queue}")
         if self.max_request_bytes < 1024:

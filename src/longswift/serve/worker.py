@@ -22,10 +22,13 @@ from typing import Any
 
 from ..api import Engine, GenerationResult
 from ..decode.transcript import Piece
-from ..errors import LongswiftError, NumericalError, PromptError
+from ..errors import LongswiftError, NumericalError, OutputError, PromptError
+from ..inputs import check_text
 from ..jobs.state import JobState
 from .config import ServeConfig
 from .protocol import ApiError, ServeRequest
+from .public import public_message, public_result
+from .slots import QueueSlot
 
 
 @dataclass
@@ -58,9 +61,12 @@ class Job:
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = threading.Event()
         self._loop = loop
+        self.slot = QueueSlot()  # set by the worker that admitted it
 
     def cancel(self) -> None:
         self.cancelled.set()
+        if self.slot.release_if_waiting():  # a job that never started frees its queue place now, not when reached
+            self.send(CANCELLED)  # its handler is still waiting for an event
 
     def send(self, event: Event) -> None:
         try:
@@ -95,6 +101,7 @@ class Worker:
                 )
             self._admitted += 1
         job = Job(request, loop)
+        job.slot = QueueSlot(self._lock, self._leave)
         self._executor.submit(self._run, job)
         return job
 
@@ -114,7 +121,13 @@ class Worker:
         self.stop()
         self._executor.shutdown(wait=True)
 
+    def _leave(self) -> None:
+        """A job gives back its place (called with the lock held, exactly once per job)."""
+        self._admitted -= 1
+
     def _run(self, job: Job) -> None:
+        if not job.slot.start():
+            return  # abandoned while waiting: its place was released then, and nobody waits for its events
         with self._lock:
             self._running += 1
         final: Event = CANCELLED
@@ -125,15 +138,17 @@ class Worker:
                 final = self._generate(job)
         except NumericalError as exc:
             final = Failed(500, str(exc))
+        except OutputError as exc:  # the jobs directory is full or unwritable: the server's fault, not the request's
+            final = Failed(503, public_message(str(exc), self.config.jobs_dir))
         except LongswiftError as exc:
-            final = Failed(400, str(exc))
+            final = Failed(400, public_message(str(exc), self.config.jobs_dir))
         except Exception as exc:  # a bug in longswift: logged here in full, answered in one line, server goes on
             traceback.print_exc(file=sys.stderr)
             final = Failed(500, f"internal error ({type(exc).__name__}); see the server log")
         finally:
             with self._lock:
                 self._running -= 1
-                self._admitted -= 1
+                job.slot.finish()
         job.send(final)  # always one final event, so no handler waits for ever
 
     def _generate(self, job: Job) -> Event:
@@ -161,7 +176,7 @@ class Worker:
         if path is not None:
             stream.snapshot().save(path)  # a finished job: repeating the request returns the same text at once
         assert stream.result is not None
-        return Finished(stream.result)
+        return Finished(public_result(stream.result))
 
     def _job_path(self, job_id: str | None) -> Path | None:
         if job_id is None or self.config.jobs_dir is None:
@@ -175,7 +190,7 @@ class Worker:
         except Exception as exc:  # the template's own checks (roles, order) raise arbitrary errors
             raise PromptError(f"the chat template refused the messages: {exc}") from None
         # The template writes any BOS itself; encoding it again with special tokens would double it.
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(tokenizer(check_text(text, "the chat messages"), add_special_tokens=False)["input_ids"])
 
 
 def _stopped_message(job_id: str | None) -> str:
