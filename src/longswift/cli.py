@@ -80,8 +80,9 @@ def cmd_export_heads(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _add_train_heads(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, help="base model directory (default: the embedded model)")
-    p.add_argument("--data", type=Path, nargs="+", required=True,
-                   help='training text: .txt files (one document each) or .jsonl files ({"text": ...} per line)')
+    p.add_argument("--data", type=Path, nargs="+",
+                   help='training text: .txt files (one document each) or .jsonl files ({"text": ...} per line); '
+                        "or --self-distill")
     p.add_argument("--out", type=Path, required=True, help="heads file to write (safetensors); state in OUT.state")
     p.add_argument("--gamma", type=int, default=3, help="number of draft heads (default 3)")
     p.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200, the paper's)")
@@ -98,6 +99,9 @@ def _add_train_heads(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--dtype", default="fp32", help="dtype of the frozen base model (default fp32)")
+    from .cli_distill import add_self_distill
+
+    add_self_distill(p)
 
 
 def cmd_train_heads(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -108,7 +112,9 @@ def cmd_train_heads(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if model is None:
         raise ConfigError("no --model given and this install has no embedded default model")
     _check_writable(args.out)
-    cfg = TrainConfig(model=Path(model), data=tuple(args.data), out=args.out, gamma=args.gamma, steps=args.steps,
+    from .cli_distill import run_self_distill, training_data
+
+    cfg = TrainConfig(model=Path(model), data=training_data(args), out=args.out, gamma=args.gamma, steps=args.steps,
                       lr=args.lr, seq_len=args.seq_len, batch_size=args.batch_size, grad_accum=args.grad_accum,
                       warmup=args.warmup if args.warmup is not None else min(20, args.steps // 10), seed=args.seed,
                       checkpoint_every=args.checkpoint_every,
@@ -127,7 +133,7 @@ def cmd_train_heads(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         bar.set_postfix_str(f"loss {step.loss:.3f} acc {acc} lr {step.lr:.1e}", refresh=False)
         bar.update(1)
 
-    report = train_heads(cfg, progress)
+    report = run_self_distill(args, cfg, progress, err) if args.self_distill else train_heads(cfg, progress)
     if bar is not None:
         bar.close()
     acc = ", ".join(f"head {i + 1} {a:.3f}" for i, a in enumerate(report.head_accuracy))
