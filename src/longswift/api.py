@@ -24,6 +24,7 @@ from .compiled import StaticForward, resolve_compile
 from .decoding import ARDecoder, Decoder, Forward, drive
 from .errors import CheckpointError, ConfigError, HeadsError, PromptError, ResumeError
 from .heads import DraftHeads
+from .bound import speculation_bounds
 from .job import JobState
 from .parallel import TensorParallel
 from .released import load_heads
@@ -170,9 +171,12 @@ class Engine:
             _restore(resume, snapshot(), decoder, transcript)
         decoder.start(prompt_ids + list(transcript.ids))
         resumed = len(resume.generated_ids) if resume is not None else 0
-        return GenerationStream(drive(decoder, transcript),
-                                lambda: _result(decoder, transcript, prompt_ids, resumed, self.heads_source),
-                                snapshot)
+        stream = GenerationStream(drive(decoder, transcript),
+                                  lambda: _result(decoder, transcript, prompt_ids, resumed, self.heads_source, spec),
+                                  snapshot)
+        # Progress reads stats every few tokens: without the bounds, whose cost grows with the text (bound.py).
+        stream.live_stats = lambda: _result(decoder, transcript, prompt_ids, resumed, self.heads_source).stats
+        return stream
 
     def generate(self, prompt: str | list[int], max_new_tokens: int = 256, *, streamer: Any = None,
                  **options: Any) -> GenerationResult:
@@ -222,7 +226,7 @@ class Engine:
             if seed is None:  # every rank of a tensor-parallel group must draw the same numbers
                 seed = self.parallel.broadcast_object(_random_seed()) if self.parallel else _random_seed()
             generator = torch.Generator(self.device).manual_seed(seed)
-        chooser = TokenChooser(sampling, generator, record_margins)
+        chooser = TokenChooser(sampling, generator, record_margins, record_top=max(spec.tree))
         if mode == "ar":
             return ARDecoder(self.model, chooser, capacity, forward)
         if drafter is not None:
@@ -287,7 +291,7 @@ def _start_parallel(tp: int, checkpoint: Checkpoint, device: torch.device) -> Te
 
 
 def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int], resumed: int = 0,
-            heads: str | None = None) -> GenerationResult:
+            heads: str | None = None, spec: SpeculationConfig | None = None) -> GenerationResult:
     """The result of the whole job; timing and speculation statistics cover this run only.
 
     After a resume, `new_tokens` counts the whole job's tokens but only `new_tokens - resumed_tokens` were
@@ -301,6 +305,12 @@ def _result(decoder: Decoder, transcript: Transcript, prompt_ids: list[int], res
              **decoder.stats()}
     if decoder.mode == "tokenswift":
         stats["heads"] = heads  # "embedded" or the heads file: shows which draft heads actually ran
+    if spec is not None:  # the ceilings on tokens per step of the tokens decoded in this run (bound.py)
+        tops = decoder.chooser.tops
+        accepted = getattr(decoder, "step_accepted", None)
+        stats.update(speculation_bounds(tops.rows() if tops is not None else None, n - resumed, spec,
+                                        stats.get("mean_accepted"), prompt_ids + list(transcript.ids),
+                                        len(prompt_ids) + resumed, accepted))
     margins = decoder.chooser.margins
     if margins is not None:
         margins = ([math.nan] * resumed + margins)[:n]

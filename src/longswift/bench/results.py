@@ -67,11 +67,15 @@ class MethodSummary:
     controller: dict[str, float] = field(default_factory=dict)  # medians of CONTROLLER_STATS (tokenswift)
     mismatch: str | None = None  # the earliest difference over the repeats: "near-tie" or "mismatch"
     margin_at_diff: float | None = None
+    bounds: dict[str, float] = field(default_factory=dict)  # medians of BOUND_STATS (longswift's methods; bound.py)
 
 
 # What the speculation controller did, per run (medians in the summary): see TokenSwiftDecoder.stats.
 CONTROLLER_STATS = ("root_only_share", "drafted_share", "mean_verified_nodes", "predicted_step_ms",
                     "measured_step_ms", "calibrations")
+# The ceilings on tokens per step and the repetition share, per run (medians in the summary): see bound.py.
+BOUND_STATS = ("bound_depth", "tree_bound_width", "top1_mean", "top1_chain_bound", "tree_bound", "bound_share",
+               "tree_bound_share", "repetition_share", "repeated_token_share")
 
 
 @dataclass
@@ -134,7 +138,7 @@ def _record(method: Method, n: int, repeat: int, obs: _Observation, peak_mb: flo
     targets = milestone_targets(n, curve_points)
     keep = ("steps", "mean_accepted", "acceptance_rate", "ngram_share", "tokens_per_step", "draft_s", "verify_s",
             "bookkeeping_s", "partial_cache_selections", "decode_s", *CONTROLLER_STATS, "verified_nodes",
-            "hindsight_acceptance", "draft", "candidates", "calibrate_s")
+            "hindsight_acceptance", "draft", "candidates", "calibrate_s", *BOUND_STATS)
     stats = {("engine_decode_s" if k == "decode_s" else k): v for k, v in obs.stats.items() if k in keep}
     if method.speculation is not None and "tokens_per_step" in stats:
         # α over the deepest path a step can accept (n-gram chains can be deeper than the head tree), so α <= 1.
@@ -207,4 +211,5 @@ def _summary(name: str, n: int, runs: list[RunRecord], ar: list[RunRecord] | Non
         median_rows([r.distinct for r in runs]), median([r.peak_mem_mb for r in runs]),
         all(checks) if checks else None, min(diffs) if diffs else None,
         {k: v for k in CONTROLLER_STATS if (v := median([r.stats.get(k) for r in runs])) is not None},
-        earliest.mismatch if earliest else None, earliest.margin_at_diff if earliest else None)
+        earliest.mismatch if earliest else None, earliest.margin_at_diff if earliest else None,
+        {k: v for k in BOUND_STATS if (v := median([r.stats.get(k) for r in runs])) is not None})
