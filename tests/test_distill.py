@@ -29,15 +29,9 @@ from longswift.heads import DraftHeads
 from longswift.sampling import TokenChooser
 from longswift.train import StepStats
 
+from .test_train import _one_thread  # noqa: F401  (autouse: bit-identity holds for a fixed thread count)
+
 TRAIN = {"steps": 6, "seq_len": 32, "batch_size": 2, "lr": 5e-2, "warmup": 1, "checkpoint_every": 0}
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def distill(model: Path, out: Path, train: dict | None = None, **overrides) -> DistillConfig:

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .bound import speculation_bounds
 from .checkpoint import DTYPES, Checkpoint, default_model_dir, heads_beside
 from .config import SamplingConfig, SpeculationConfig, StopConfig
 from .compiled import StaticForward, resolve_compile
 from .decoding import ARDecoder, Decoder, Forward, drive
 from .errors import CheckpointError, ConfigError, HeadsError, PromptError, ResumeError
 from .heads import DraftHeads
-from .bound import speculation_bounds
 from .job import JobState
 from .parallel import TensorParallel
 from .released import load_heads
