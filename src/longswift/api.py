@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .config import CompileChoice, SamplingConfig, SpeculationConfig, StopConfig
+from .decode.bound import speculation_bounds
 from .decode.loop import ARDecoder, Decoder, Forward, drive
 from .decode.sampling import TokenChooser
 from .decode.transcript import Piece, Transcript
@@ -191,11 +192,14 @@ class Engine:
             _restore(resume, snapshot(), decoder, transcript)
         decoder.start(prompt_ids + list(transcript.ids))
         resumed = len(resume.generated_ids) if resume is not None else 0
-        return GenerationStream(
+        stream = GenerationStream(
             drive(decoder, transcript),
-            lambda: _result(decoder, transcript, prompt_ids, resumed, self.heads_source),
+            lambda: _result(decoder, transcript, prompt_ids, resumed, self.heads_source, spec),
             snapshot,
         )
+        # Progress reads stats every few tokens: without the bounds, whose cost grows with the text (bound.py).
+        stream.live_stats = lambda: _result(decoder, transcript, prompt_ids, resumed, self.heads_source).stats
+        return stream
 
     def generate(
         self,
@@ -259,7 +263,7 @@ class Engine:
             if seed is None:  # every rank of a tensor-parallel group must draw the same numbers
                 seed = self.parallel.broadcast_object(_random_seed()) if self.parallel else _random_seed()
             generator = torch.Generator(self.device).manual_seed(seed)
-        chooser = TokenChooser(sampling, generator, record_margins)
+        chooser = TokenChooser(sampling, generator, record_margins, record_top=max(spec.tree))
         if mode == "ar":
             return ARDecoder(self.model, chooser, capacity, forward)
         if drafter is not None:
@@ -325,7 +329,12 @@ def _one_group(tp: int) -> Layout:
 
 
 def _result(
-    decoder: Decoder, transcript: Transcript, prompt_ids: list[int], resumed: int = 0, heads: str | None = None
+    decoder: Decoder,
+    transcript: Transcript,
+    prompt_ids: list[int],
+    resumed: int = 0,
+    heads: str | None = None,
+    spec: SpeculationConfig | None = None,
 ) -> GenerationResult:
     """The result of the whole job; timing and speculation statistics cover this run only.
 
@@ -347,6 +356,20 @@ def _result(
     }
     if decoder.mode == "tokenswift":
         stats["heads"] = heads  # "embedded" or the heads file: shows which draft heads actually ran
+    if spec is not None:  # the ceilings on tokens per step of the tokens decoded in this run (bound.py)
+        tops = decoder.chooser.tops
+        accepted = getattr(decoder, "step_accepted", None)
+        stats.update(
+            speculation_bounds(
+                tops.rows() if tops is not None else None,
+                n - resumed,
+                spec,
+                stats.get("mean_accepted"),
+                prompt_ids + list(transcript.ids),
+                len(prompt_ids) + resumed,
+                accepted,
+            )
+        )
     margins = decoder.chooser.margins
     if margins is not None:
         margins = ([math.nan] * resumed + margins)[:n]

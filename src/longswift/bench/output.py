@@ -16,7 +16,7 @@ from ..config import SamplingConfig
 from .config import TENTHS
 from .metrics import milestone_targets
 from .profile import write_profile
-from .results import BenchReport, MethodSummary, reference_method
+from .results import BOUND_STATS, BenchReport, MethodSummary, reference_method
 
 
 def environment(engine: Any, model_dir: Path, heads: Path | None) -> dict[str, Any]:
@@ -63,32 +63,37 @@ def cpu_model() -> str:
 
 
 CSV_COLUMNS = (
-    "method",
-    "gen_len",
-    "prefill_s",
-    "decode_s",
-    "tokens_per_s",
-    "speedup_vs_ar",
-    "speedup_vs_hf",
-    "mean_accepted",
-    "acceptance_rate",
-    "ngram_share",
-    "distinct_1",
-    "distinct_2",
-    "distinct_3",
-    "distinct_4",
-    "peak_mem_mb",
-    "identical",
-    "first_diff",
-    "mismatch",
-    "margin_at_diff",
-) + tuple(f"ms_per_token_{i}0pct" for i in range(1, TENTHS + 1))
+    (
+        "method",
+        "gen_len",
+        "prefill_s",
+        "decode_s",
+        "tokens_per_s",
+        "speedup_vs_ar",
+        "speedup_vs_hf",
+        "mean_accepted",
+        "acceptance_rate",
+        "ngram_share",
+        "distinct_1",
+        "distinct_2",
+        "distinct_3",
+        "distinct_4",
+        "peak_mem_mb",
+        "identical",
+        "first_diff",
+        "mismatch",
+        "margin_at_diff",
+    )
+    + tuple(f"ms_per_token_{i}0pct" for i in range(1, TENTHS + 1))
+    + BOUND_STATS
+)
 
 
 def csv_row(s: MethodSummary) -> dict[str, Any]:
     row = {k: getattr(s, k) for k in CSV_COLUMNS if hasattr(s, k)}
     row.update({f"distinct_{i + 1}": v for i, v in enumerate(s.distinct)})
     row.update({f"ms_per_token_{i + 1}0pct": v for i, v in enumerate(s.ms_per_token)})
+    row.update({k: s.bounds.get(k) for k in BOUND_STATS})
     return row
 
 
@@ -177,6 +182,7 @@ def format_table(report: BenchReport) -> str:
                 + (f"predicted {c['predicted_step_ms']:.1f} / " if "predicted_step_ms" in c else "")
                 + f"measured {c.get('measured_step_ms', 0):.1f}"
             )
+    lines += [bound_line(s) for s in report.summaries if s.bounds]
     env = report.environment
     lines.append(
         f"device {env['device_name']} ({env['dtype']}), {env['cpu']}; prompts: {report.prompts.source} "
@@ -190,6 +196,26 @@ def format_table(report: BenchReport) -> str:
             "measure the engine, not a speedup anyone gets from draft heads"
         )
     return "\n".join(lines)
+
+
+def bound_line(s: MethodSummary) -> str:
+    """A row's ceilings on tokens per step (bound.py) and, for speculative rows, its share of them and of repetition."""
+    b = s.bounds
+    line = (
+        f"{s.gen_len:>8,} {s.method[:36]:<36} bound: top-1 p {b.get('top1_mean', 0):.2f}, top-1-chain bound "
+        f"{b.get('top1_chain_bound', 0):.2f} tok/step (depth {b.get('bound_depth', 0):.0f}), tree bound "
+        f"{b.get('tree_bound', 0):.2f} (width {b.get('tree_bound_width', 0):.0f})"
+    )
+    if "bound_share" in b:
+        line += (
+            f"; {_f(s.mean_accepted, 2)} tok/step = {b['bound_share']:.0%} of the chain bound, "
+            f"{b.get('tree_bound_share', 0):.0%} of the tree bound"
+        )
+    if "repetition_share" in b:
+        line += f"; repeating steps {b['repetition_share']:.0%}"
+        if "repeated_token_share" in b:
+            line += f" ({b['repeated_token_share']:.0%} of accepted drafts)"
+    return line
 
 
 def _x(v: float | None) -> str:
@@ -221,6 +247,15 @@ def summary_json(report: BenchReport) -> str:
             "tokens_per_s": {
                 m.name: {str(n): _round(report.summary(m.name, n).tokens_per_s) for n in report.config.gen_lengths}
                 for m in report.config.methods
+            },
+            **{
+                key: {
+                    m.name: {
+                        str(n): _round(report.summary(m.name, n).bounds.get(key)) for n in report.config.gen_lengths
+                    }
+                    for m in report.config.methods
+                }
+                for key in ("top1_chain_bound", "bound_share", "repetition_share")
             },
         },
         separators=(",", ":"),

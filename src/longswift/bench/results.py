@@ -67,6 +67,7 @@ class MethodSummary:
     controller: dict[str, float] = field(default_factory=dict)  # medians of CONTROLLER_STATS (tokenswift)
     mismatch: str | None = None  # the earliest difference over the repeats: "near-tie" or "mismatch"
     margin_at_diff: float | None = None
+    bounds: dict[str, float] = field(default_factory=dict)  # medians of BOUND_STATS (longswift's methods; bound.py)
 
 
 # What the speculation controller did, per run (medians in the summary): see TokenSwiftDecoder.stats.
@@ -77,6 +78,18 @@ CONTROLLER_STATS = (
     "predicted_step_ms",
     "measured_step_ms",
     "calibrations",
+)
+# The ceilings on tokens per step and the repetition share, per run (medians in the summary): see bound.py.
+BOUND_STATS = (
+    "bound_depth",
+    "tree_bound_width",
+    "top1_mean",
+    "top1_chain_bound",
+    "tree_bound",
+    "bound_share",
+    "tree_bound_share",
+    "repetition_share",
+    "repeated_token_share",
 )
 
 
@@ -166,6 +179,7 @@ def _record(
         "draft",
         "candidates",
         "calibrate_s",
+        *BOUND_STATS,
     )
     stats = {("engine_decode_s" if k == "decode_s" else k): v for k, v in obs.stats.items() if k in keep}
     if method.speculation is not None and "tokens_per_step" in stats:
@@ -266,4 +280,5 @@ def _summary(
         {k: v for k in CONTROLLER_STATS if (v := median([r.stats.get(k) for r in runs])) is not None},
         earliest.mismatch if earliest else None,
         earliest.margin_at_diff if earliest else None,
+        {k: v for k in BOUND_STATS if (v := median([r.stats.get(k) for r in runs])) is not None},
     )

@@ -47,8 +47,8 @@ def add_train_heads(p: argparse.ArgumentParser) -> None:
         "--data",
         type=Path,
         nargs="+",
-        required=True,
-        help='training text: .txt files (one document each) or .jsonl files ({"text": ...} per line)',
+        help='training text: .txt files (one document each) or .jsonl files ({"text": ...} per line); '
+        "or --self-distill",
     )
     p.add_argument("--out", type=Path, required=True, help="heads file to write (safetensors); state in OUT.state")
     p.add_argument("--gamma", type=int, default=3, help="number of draft heads (default 3)")
@@ -70,6 +70,9 @@ def add_train_heads(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--dtype", default="fp32", help="dtype of the frozen base model (default fp32)")
+    from .distill import add_self_distill
+
+    add_self_distill(p)
 
 
 def cmd_train_heads(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -78,9 +81,11 @@ def cmd_train_heads(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     model = model_dir_or_default(args.model)
     check_writable(args.out)
+    from .distill import run_self_distill, training_data
+
     cfg = TrainConfig(
         model=Path(model),
-        data=tuple(args.data),
+        data=training_data(args),
         out=args.out,
         gamma=args.gamma,
         steps=args.steps,
@@ -110,7 +115,7 @@ def cmd_train_heads(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         bar.set_postfix_str(f"loss {step.loss:.3f} acc {acc} lr {step.lr:.1e}", refresh=False)
         bar.update(1)
 
-    report = train_heads(cfg, progress)
+    report = run_self_distill(args, cfg, progress, err) if args.self_distill else train_heads(cfg, progress)
     if bar is not None:
         bar.close()
     acc = ", ".join(f"head {i + 1} {a:.3f}" for i, a in enumerate(report.head_accuracy))

@@ -68,11 +68,45 @@ def _eta(logits: Tensor, epsilon: float) -> Tensor:
     return logits.masked_fill(remove, -math.inf)
 
 
+class TopRecord:
+    """The k largest probabilities of every distribution a token was drawn from, kept on its device.
+
+    Each token costs one reduction (a max for k = 1, a top-k otherwise) and no host sync; every CHUNK rows are
+    stacked into one tensor, and `rows()` reads them all back once, at the end (bound.py turns them into ceilings
+    on tokens per step).
+    """
+
+    CHUNK = 4096
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.count = 0
+        self._chunks: list[Tensor] = []
+        self._pending: list[Tensor] = []
+
+    def add(self, probs: Tensor) -> None:
+        """probs (V,) -> one row: its min(k, V) largest values, descending."""
+        k = min(self.k, probs.shape[-1])
+        self._pending.append(probs.amax()[None] if k == 1 else probs.topk(k).values)
+        self.count += 1
+        if len(self._pending) == self.CHUNK:
+            self._chunks.append(torch.stack(self._pending))
+            self._pending = []
+
+    def rows(self) -> list[list[float]]:
+        parts = self._chunks + ([torch.stack(self._pending)] if self._pending else [])
+        return torch.cat(parts).tolist() if parts else []
+
+
 class TokenChooser:
     """Picks one token per call from a row of logits, given that row's penalty window."""
 
     def __init__(
-        self, cfg: SamplingConfig, generator: torch.Generator | None = None, record_margins: bool = False
+        self,
+        cfg: SamplingConfig,
+        generator: torch.Generator | None = None,
+        record_margins: bool = False,
+        record_top: int = 0,
     ) -> None:
         if not cfg.greedy and generator is None:
             raise ValueError("sampling needs an explicit torch.Generator")
@@ -80,6 +114,9 @@ class TokenChooser:
         self.generator = generator
         # When recording, every choice appends its decision margin (identity.py).
         self.margins: list[float] | None = [] if record_margins else None
+        # record_top=k: every sampled choice records its distribution's k largest probabilities (bound.py); greedy
+        # choices record nothing, their distribution being one token with probability 1.
+        self.tops: TopRecord | None = TopRecord(record_top) if record_top and not cfg.greedy else None
 
     def window(self, context: Tensor) -> Tensor:
         """The penalty window of the next token: the last W ids of `context` (all of it when W == 0)."""
@@ -107,7 +144,10 @@ class TokenChooser:
             if not math.isfinite(value):  # max() propagates NaN; +inf means an overflow
                 raise _non_finite(context)
             return int(token)
-        return self.draw(self.distribution(logits, context), context)
+        probs = self.distribution(logits, context)
+        if self.tops is not None:
+            self.tops.add(probs)
+        return self.draw(probs, context)
 
     def _argmax_with_margin(self, scores: Tensor, context: Tensor) -> int:
         """The same argmax as without margins (max(), not topk(), whose tie order differs), and best - second."""

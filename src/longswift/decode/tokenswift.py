@@ -89,6 +89,7 @@ class TokenSwiftDecoder:
         self.accepted = 0
         self.accepted_ngram = 0
         self.per_step: Counter[int] = Counter()
+        self.step_accepted: list[int] = []  # draft tokens accepted by each step, in order (bound.py's repetition)
         self.verified: Counter[int] = Counter()
         self.predicted_s = 0.0
         self.measured_s = 0.0
@@ -216,6 +217,7 @@ class TokenSwiftDecoder:
         self.accepted += len(nodes)
         self.accepted_ngram += sum(not trie.from_tree[n] for n in nodes)
         self.per_step[len(nodes) + 1] += 1
+        self.step_accepted.append(len(nodes))
         self.verified[len(trie)] += 1
 
     def stats(self) -> dict[str, Any]:

@@ -210,7 +210,27 @@ def train_heads(cfg: TrainConfig, progress: Callable[[StepStats], None] | None =
     checkpoint = Checkpoint.open(cfg.model)
     _check_model_fits(cfg, checkpoint)
     model = checkpoint.load_model(cfg.device, DTYPES[cfg.dtype])
-    stream = load_token_stream(checkpoint, cfg.data)
+    return train_on_stream(cfg, checkpoint, model, load_token_stream(checkpoint, cfg.data), progress)
+
+
+# (model, heads, windows (B, seq_len+γ+1), cfg) -> (loss to minimise, top-1 correct fraction per head (γ,))
+HeadLoss = Callable[[Transformer, DraftHeads, Tensor, TrainConfig], tuple[Tensor, Tensor]]
+
+
+def train_on_stream(
+    cfg: TrainConfig,
+    checkpoint: Checkpoint,
+    model: Transformer,
+    stream: Tensor,
+    progress: Callable[[StepStats], None] | None = None,
+    loss: HeadLoss | None = None,
+    objective: dict[str, Any] | None = None,
+) -> TrainReport:
+    """`train_heads` on a token stream (N,) already in hand (e.g. text the model wrote itself, distill.py).
+
+    `loss` replaces the hard-token cross-entropy; `objective` (JSON) names it in the resume identity, so a state
+    written with one loss is never resumed with another.
+    """
     if len(stream) < cfg.window:
         raise ConfigError(
             f"training data has {len(stream):,} tokens; one window needs seq-len {cfg.seq_len:,} "
@@ -220,10 +240,10 @@ def train_heads(cfg: TrainConfig, progress: Callable[[StepStats], None] | None =
     heads = DraftHeads.for_model(model, cfg.gamma, fingerprint).train()
     optimizer = make_optimizer(heads, cfg)
     generator = torch.Generator().manual_seed(cfg.seed)
-    meta = _state_meta(cfg, _run_identity(cfg, fingerprint, stream_digest(stream)))
+    meta = _state_meta(cfg, {**_run_identity(cfg, fingerprint, stream_digest(stream)), **(objective or {})})
     run = load_state(cfg.state_path, heads, optimizer, generator, meta) if cfg.resume else RunState()
     while run.step < cfg.steps:
-        stats = _train_step(model, heads, optimizer, stream, generator, run, cfg)
+        stats = _train_step(model, heads, optimizer, stream, generator, run, cfg, loss or _head_loss)
         if cfg.checkpoint_every and (run.step % cfg.checkpoint_every == 0) and run.step < cfg.steps:
             save_state(cfg.state_path, heads, optimizer, generator, run, meta)
         if progress is not None:
@@ -247,13 +267,14 @@ def _train_step(
     generator: torch.Generator,
     run: RunState,
     cfg: TrainConfig,
+    head_loss: HeadLoss | None = None,
 ) -> StepStats:
     """One optimizer step over `grad_accum` micro-batches; updates `run` and returns the step's statistics."""
     started = time.perf_counter()
     loss_sum, correct_sum = 0.0, torch.zeros(cfg.gamma)
     for _ in range(cfg.grad_accum):
         windows = sample_windows(stream, cfg.batch_size, cfg.window, generator).to(model.device)
-        loss, correct = _head_loss(model, heads, windows, cfg)
+        loss, correct = (head_loss or _head_loss)(model, heads, windows, cfg)
         (loss / cfg.grad_accum).backward()
         loss_sum += float(loss.detach())
         correct_sum += correct.cpu()
