@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .config import CompileChoice, SamplingConfig, SpeculationConfig, StopConfig
-from .decode.bound import speculation_bounds
+from .decode.bound import run_bounds
 from .decode.loop import ARDecoder, Decoder, Forward, drive
 from .decode.sampling import TokenChooser
 from .decode.transcript import Piece, Transcript
@@ -164,12 +164,10 @@ class Engine:
             req.drafter,
         )
         transcript = Transcript(self.tokenizer, stop)
-        config = _plain(
-            {
-                "sampling": asdict(sampling),
-                "stop": asdict(stop),
-                "speculation": asdict(spec) if mode == "tokenswift" else None,
-            }
+        speculation = asdict(spec) if mode == "tokenswift" else None
+        # As JSON would return it (tuples become lists), so saved and fresh states compare equal.
+        config = json.loads(
+            json.dumps({"sampling": asdict(sampling), "stop": asdict(stop), "speculation": speculation})
         )
         if self.parallel is not None:  # rounding differs between split sizes, so a job resumes at its own
             config["tp"] = self.parallel.size
@@ -357,17 +355,9 @@ def _result(
     if decoder.mode == "tokenswift":
         stats["heads"] = heads  # "embedded" or the heads file: shows which draft heads actually ran
     if spec is not None:  # the ceilings on tokens per step of the tokens decoded in this run (bound.py)
-        tops = decoder.chooser.tops
-        accepted = getattr(decoder, "step_accepted", None)
         stats.update(
-            speculation_bounds(
-                tops.rows() if tops is not None else None,
-                n - resumed,
-                spec,
-                stats.get("mean_accepted"),
-                prompt_ids + list(transcript.ids),
-                len(prompt_ids) + resumed,
-                accepted,
+            run_bounds(
+                decoder, spec, stats.get("mean_accepted"), prompt_ids + list(transcript.ids), len(prompt_ids) + resumed
             )
         )
     margins = decoder.chooser.margins
@@ -392,11 +382,6 @@ def _restore(saved: JobState, fresh: JobState, decoder: Decoder, transcript: Tra
     transcript.take()  # already handed out before the interruption
     if transcript.text != saved.text:
         raise ResumeError("checkpoint text does not match its token ids (was the tokenizer changed?)")
-
-
-def _plain(data: dict[str, Any]) -> dict[str, Any]:
-    """Configuration as JSON would return it (tuples become lists), so saved and fresh states compare equal."""
-    return json.loads(json.dumps(data))
 
 
 def _tokenizer_eos(tokenizer: Any) -> tuple[int, ...]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..config import SpeculationConfig
@@ -157,3 +157,14 @@ def speculation_bounds(
     if tokens_per_step is not None and accepted is not None:
         b = with_steps(b, tokens_per_step, repeating_steps(ids, first, accepted), accepted)
     return b.to_stats()
+
+
+def run_bounds(
+    decoder: Any, spec: SpeculationConfig, mean_accepted: float | None, ids: list[int], first_new: int
+) -> dict[str, Any]:
+    """`speculation_bounds` of a finished run of `decoder` (AR or TokenSwift) over `ids` (prompt + text), whose
+    tokens from `first_new` on were decoded in this run."""
+    tops = decoder.chooser.tops
+    accepted = getattr(decoder, "step_accepted", None)  # only TokenSwift keeps its steps' accepted drafts
+    rows = tops.rows() if tops is not None else None
+    return speculation_bounds(rows, len(ids) - first_new, spec, mean_accepted, ids, first_new, accepted)
