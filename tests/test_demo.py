@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 from longswift.cli import main
-from longswift.cli.demo import EXCERPT_LINES, excerpt
+from longswift.cli.demo import EXCERPT_LINES, PROMPT_LINES, excerpt
 
 
 def run(*argv: str) -> tuple[int, str, str]:
@@ -16,10 +16,10 @@ def run(*argv: str) -> tuple[int, str, str]:
 
 def test_excerpt_shows_the_first_lines_between_markers():
     text = "".join(f"line {i}\n" for i in range(100))
-    shown = excerpt("PROMPT\n", text).splitlines()
+    shown = excerpt("FIRST\nPROMPT\nLAST\n", text).splitlines()
     assert shown[0].startswith("--- excerpt") and shown[-2].startswith("--- end of excerpt")
     assert "--show-text" in shown[-2]
-    assert shown[1:-2] == ["PROMPT"] + [f"line {i}" for i in range(EXCERPT_LINES - 1)]
+    assert shown[1:-2] == ["PROMPT", "LAST"] + [f"line {i}" for i in range(EXCERPT_LINES)]
 
 
 def test_excerpt_of_a_text_without_newlines_is_short():
@@ -32,7 +32,7 @@ def test_demo_prints_an_excerpt_then_the_numbers():
     before, _, numbers = out.partition("--- end of excerpt")
     assert before.startswith("--- excerpt")
     assert "speedup over ar" in numbers and "outputs identical across methods: True" in numbers
-    assert len(before.splitlines()) <= EXCERPT_LINES + 1
+    assert len(before.splitlines()) <= 1 + PROMPT_LINES + EXCERPT_LINES
 
 
 def test_demo_show_text_prints_the_whole_generation(tiny_llama):

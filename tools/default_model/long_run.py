@@ -29,7 +29,7 @@ from longswift.bench.metrics import distinct_n
 from .corpus import DEFAULT_WORK
 from .model_card import LONG_RUN_FILE
 
-PROMPT = "ACT I. SCENE I.\nLondon. The palace.\n\nEnter the KING and attendants.\n\nKING.\n"
+PROMPT = "from django.db import models\n\n\nclass Article(models.Model):\n"
 SEED = 0
 CHECKPOINT_EVERY = 4096
 SAMPLE_SECONDS = 30.0

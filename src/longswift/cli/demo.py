@@ -141,9 +141,16 @@ def add_demo(p: argparse.ArgumentParser) -> None:
 
 
 EXCERPT_LINES = 8  # enough to see that the text is text; the numbers are what the demo is for
+PROMPT_LINES = 2  # the prompt's last lines, so the excerpt shows where the generation starts
 EXCERPT_CHARS = 600  # a model that writes no newlines still gets a short excerpt
 
-DEMO_PROMPT = "ACT I. SCENE I.\nLondon. A room in the palace.\n\nEnter the KING, GLOUCESTER, and attendants.\n\nKING.\n"
+# The opening of a held-out file of the embedded model's corpus (django/views/csrf.py is in a held-out unit).
+DEMO_PROMPT = (
+    "from django.conf import settings\nfrom django.http import HttpResponseForbidden\n"
+    "from django.template import Context, Engine, TemplateDoesNotExist, loader\n\n\n"
+    'def csrf_failure(request, reason="", template_name=CSRF_FAILURE_TEMPLATE_NAME):\n'
+    '    """\n    Default view used when request fails CSRF protection\n    """\n'
+)
 
 
 def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -181,8 +188,9 @@ def excerpt(prompt: str, text: str) -> str:
     The whole generation (2,048 tokens by default; the small model's greedy text loops) would push the numbers a
     newcomer came for off the screen; `--show-text` prints all of it.
     """
-    lines = (prompt + text).splitlines()
-    shown = "\n".join(lines[:EXCERPT_LINES])[:EXCERPT_CHARS]
-    cut = len(shown) < len(prompt + text)
+    context = prompt.splitlines()[-PROMPT_LINES:]
+    shown = "\n".join(text.splitlines()[:EXCERPT_LINES])[:EXCERPT_CHARS]
+    cut = len(shown) < len(text.rstrip())
     tail = f"--- end of excerpt{' (--show-text prints all of it)' if cut else ''} ---\n\n"
-    return f"--- excerpt: the prompt, then the generated text ---\n{shown.rstrip()}\n{tail}"
+    head = f"--- excerpt: the prompt's last {len(context)} lines, then the first generated lines ---\n"
+    return head + "\n".join(context) + "\n" + shown.rstrip() + "\n" + tail
