@@ -8,24 +8,21 @@ for piece in engine.stream("Once upon a time", max_new_tokens=200):
 
 from __future__ import annotations
 
-import json
-import math
 import secrets
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .config import CompileChoice, SamplingConfig, SpeculationConfig, StopConfig
-from .decode.bound import run_bounds
 from .decode.loop import ARDecoder, Decoder, Forward, drive
 from .decode.sampling import TokenChooser
 from .decode.transcript import Piece, Transcript
-from .errors import ConfigError, HeadsError, PromptError, ResumeError
+from .errors import ConfigError, HeadsError, PromptError
 from .inputs import check_ids, check_seed, check_text
-from .jobs.request import GenerationRequest
+from .jobs.request import GenerationRequest, batch_speculation
+from .jobs.result import GenerationResult, PreparedJob, restore, result_of
 from .jobs.state import JobState
 from .launch import Launch, LaunchConfig
 from .model.checkpoint import Checkpoint
@@ -38,19 +35,7 @@ from .parallel import Layout, TensorParallel
 
 if TYPE_CHECKING:
     from .decode.drafting import Drafter
-
-
-@dataclass
-class GenerationResult:
-    """What a finished generation returns: the text, the new token ids, why it ended, and measurements."""
-
-    text: str
-    token_ids: list[int]
-    prompt_ids: list[int]
-    finish_reason: str
-    stats: dict[str, Any] = field(default_factory=dict)
-    # With record_margins: each token's decision margin (identity.py); NaN for tokens decoded before a resume.
-    margins: list[float] | None = None
+    from .jobs.scheduler import BatchStream
 
 
 class GenerationStream:
@@ -146,58 +131,51 @@ class Engine:
         return self._start(request)
 
     def _start(self, req: GenerationRequest) -> GenerationStream:
-        sampling = req.sampling
-        check_seed(req.seed)
-        spec = req.speculation or SpeculationConfig.for_device(self.device.type)
-        stop = StopConfig(req.max_new_tokens, self.eos_token_ids, req.stop_strings, req.ignore_eos)
-        prompt_ids = self.encode(req.prompt if isinstance(req.prompt, str) else list(req.prompt))
-        self._check_fits(len(prompt_ids), req.max_new_tokens)
-        mode = self._resolve_mode(req.mode)
+        job = self._prepare(req)
         decoder = self._decoder(
-            mode,
-            sampling,
-            req.seed,
-            len(prompt_ids) + req.max_new_tokens,
-            spec,
-            req.record_margins,
+            job.mode,
+            job.chooser,
+            len(job.prompt_ids) + req.max_new_tokens,
+            job.spec,
             self._forward(req.compile or self.compile),
             req.drafter,
         )
-        transcript = Transcript(self.tokenizer, stop)
-        speculation = asdict(spec) if mode == "tokenswift" else None
-        # As JSON would return it (tuples become lists), so saved and fresh states compare equal.
-        config = json.loads(
-            json.dumps({"sampling": asdict(sampling), "stop": asdict(stop), "speculation": speculation})
-        )
-        if self.parallel is not None:  # rounding differs between split sizes, so a job resumes at its own
-            config["tp"] = self.parallel.size
-
-        def snapshot() -> JobState:
-            rng = decoder.chooser.generator
-            return JobState(
-                prompt_ids,
-                list(transcript.ids),
-                transcript.text,
-                mode,
-                rng.get_state().numpy().tobytes().hex() if rng is not None else None,
-                config,
-                self.fingerprint,
-                self.heads_fingerprint if mode == "tokenswift" else None,
-            )
-
+        prompt_ids, transcript, spec = job.prompt_ids, job.transcript, job.spec
+        snapshot = job.snapshot
         resume = req.resume
         if resume is not None:
-            _restore(resume, snapshot(), decoder, transcript)
+            restore(resume, snapshot(), job.chooser.generator, transcript)
         decoder.start(prompt_ids + list(transcript.ids))
         resumed = len(resume.generated_ids) if resume is not None else 0
         stream = GenerationStream(
             drive(decoder, transcript),
-            lambda: _result(decoder, transcript, prompt_ids, resumed, self.heads_source, spec),
+            lambda: result_of(decoder, transcript, prompt_ids, resumed, self.heads_source, spec),
             snapshot,
         )
         # Progress reads stats every few tokens: without the bounds, whose cost grows with the text (bound.py).
-        stream.live_stats = lambda: _result(decoder, transcript, prompt_ids, resumed, self.heads_source).stats
+        stream.live_stats = lambda: result_of(decoder, transcript, prompt_ids, resumed, self.heads_source).stats
         return stream
+
+    def stream_many(self, requests: Iterable[GenerationRequest], batch_size: int = 4) -> BatchStream:
+        """Run many requests, up to `batch_size` at once (continuous batching); iterate for `BatchPiece`s.
+
+        Every request is checked before anything is decoded. Each job's text equals its own `stream` run (greedy
+        token for token, seeded sampling draw for draw, up to rounding near-ties of batched kernels); its result is
+        in `results[index]` once it finished. Batched decoding drafts fused and runs eagerly (docs: README).
+        """
+        from .decode.batched import BatchDecoder
+        from .jobs.scheduler import BatchStream
+
+        requests = list(requests)
+        spec = batch_speculation(requests, SpeculationConfig.for_device(self.device.type))
+        jobs = [self._prepare(r, spec) for r in requests]
+        if not jobs:
+            raise ConfigError("stream_many needs at least one request")
+        capacity = max(len(j.prompt_ids) + j.transcript.stop.max_new_tokens for j in jobs)
+        decoder = BatchDecoder(self.model, self.heads, spec, min(batch_size, len(jobs)), capacity)
+        if self.parallel is not None and spec.candidates == "adaptive":
+            decoder.timer = self.parallel.shared_timer(self.device)  # every rank must choose the same widths
+        return BatchStream(decoder, jobs, self.heads_source)
 
     def generate(
         self,
@@ -242,35 +220,59 @@ class Engine:
             self._static = StaticForward(self.model, compiled=True)
         return self._static
 
+    def _prepare(self, req: GenerationRequest, spec: SpeculationConfig | None = None) -> PreparedJob:
+        """Everything one request needs before decoding: its ids (checked to fit), mode, chooser (and seeded
+        generator), transcript, and the settings its snapshots record. `spec`: the batch's, when batched."""
+        check_seed(req.seed)
+        spec = spec or req.speculation or SpeculationConfig.for_device(self.device.type)
+        stop = StopConfig(req.max_new_tokens, self.eos_token_ids, req.stop_strings, req.ignore_eos)
+        prompt_ids = self.encode(req.prompt if isinstance(req.prompt, str) else list(req.prompt))
+        self._check_fits(len(prompt_ids), req.max_new_tokens)
+        mode = self._resolve_mode(req.mode)
+        if mode == "tokenswift" and self.heads is None and req.drafter is None:
+            raise HeadsError(
+                "mode tokenswift needs draft heads (--heads FILE); train them with `longswift train-heads`"
+            )
+        return PreparedJob(
+            prompt_ids,
+            mode,
+            spec,
+            self._chooser(req.sampling, req.seed, req.record_margins, spec),
+            Transcript(self.tokenizer, stop),
+            self.fingerprint,
+            self.heads_fingerprint if mode == "tokenswift" else None,
+            self.parallel.size if self.parallel is not None else None,
+            req.resume,
+        )
+
+    def _chooser(
+        self, sampling: SamplingConfig, seed: int | None, record_margins: bool, spec: SpeculationConfig
+    ) -> TokenChooser:
+        generator = None
+        if not sampling.greedy:
+            if seed is None:  # every rank of a tensor-parallel group must draw the same numbers
+                seed = self.parallel.broadcast_object(_random_seed()) if self.parallel else _random_seed()
+            generator = torch.Generator(self.device).manual_seed(seed)
+        return TokenChooser(sampling, generator, record_margins, record_top=max(spec.tree))
+
     def _decoder(
         self,
         mode: str,
-        sampling: SamplingConfig,
-        seed: int | None,
+        chooser: TokenChooser,
         capacity: int,
         spec: SpeculationConfig,
-        record_margins: bool = False,
         forward: Forward | None = None,
         drafter: Drafter | None = None,
     ) -> Decoder:
         from .decode.drafting import make_drafter
         from .decode.tokenswift import TokenSwiftDecoder
 
-        generator = None
-        if not sampling.greedy:
-            if seed is None:  # every rank of a tensor-parallel group must draw the same numbers
-                seed = self.parallel.broadcast_object(_random_seed()) if self.parallel else _random_seed()
-            generator = torch.Generator(self.device).manual_seed(seed)
-        chooser = TokenChooser(sampling, generator, record_margins, record_top=max(spec.tree))
         if mode == "ar":
             return ARDecoder(self.model, chooser, capacity, forward)
         if drafter is not None:
             return TokenSwiftDecoder(self.model, chooser, drafter, spec, capacity, forward)
-        if self.heads is None:
-            raise HeadsError(
-                "mode tokenswift needs draft heads (--heads FILE); train them with `longswift train-heads`"
-            )
-        drafter = make_drafter(self.model, self.heads, sampling, spec, forward)
+        assert self.heads is not None, "_prepare checks that tokenswift has heads"
+        drafter = make_drafter(self.model, self.heads, chooser.cfg, spec, forward)
         decoder = TokenSwiftDecoder(self.model, chooser, drafter, spec, capacity, forward)
         if self.parallel is not None and spec.candidates == "adaptive":
             # The controller's choices follow measured times, which differ between ranks: all read the lead's clock.
@@ -324,64 +326,6 @@ def _one_group(tp: int) -> Layout:
             f"{tp} or use longswift.parallel.start for several groups"
         )
     return layout
-
-
-def _result(
-    decoder: Decoder,
-    transcript: Transcript,
-    prompt_ids: list[int],
-    resumed: int = 0,
-    heads: str | None = None,
-    spec: SpeculationConfig | None = None,
-) -> GenerationResult:
-    """The result of the whole job; timing and speculation statistics cover this run only.
-
-    After a resume, `new_tokens` counts the whole job's tokens but only `new_tokens - resumed_tokens` were
-    decoded in the `decode_s` of this run, so the rate is computed from those.
-    """
-    times = decoder.timer.totals
-    decode_s = sum(v for k, v in times.items() if k not in ("prefill", "compile"))
-    n = len(transcript.ids)
-    stats = {
-        "mode": decoder.mode,
-        "new_tokens": n,
-        "resumed_tokens": resumed,
-        "prefill_s": times.get("prefill", 0.0),
-        "compile_s": times.get("compile", 0.0),
-        "decode_s": decode_s,
-        "tokens_per_s": (n - resumed) / decode_s if decode_s > 0 else 0.0,
-        **decoder.stats(),
-    }
-    if decoder.mode == "tokenswift":
-        stats["heads"] = heads  # "embedded" or the heads file: shows which draft heads actually ran
-    if spec is not None:  # the ceilings on tokens per step of the tokens decoded in this run (bound.py)
-        stats.update(
-            run_bounds(
-                decoder, spec, stats.get("mean_accepted"), prompt_ids + list(transcript.ids), len(prompt_ids) + resumed
-            )
-        )
-    margins = decoder.chooser.margins
-    if margins is not None:
-        margins = ([math.nan] * resumed + margins)[:n]
-    return GenerationResult(
-        transcript.text, list(transcript.ids), prompt_ids, transcript.finish_reason or "", stats, margins
-    )
-
-
-def _restore(saved: JobState, fresh: JobState, decoder: Decoder, transcript: Transcript) -> None:
-    """Bring a fresh decoder and transcript to the saved state (the decoder then prefills all decided ids)."""
-    saved.check_matches(fresh)
-    generator = decoder.chooser.generator
-    if generator is not None and saved.rng_state:
-        state = torch.frombuffer(bytearray.fromhex(saved.rng_state), dtype=torch.uint8)
-        generator.set_state(state)
-    for token in saved.generated_ids:
-        transcript.push(token)
-    if transcript.done:
-        transcript.flush()  # a finished job's final snapshot includes the released tail
-    transcript.take()  # already handed out before the interruption
-    if transcript.text != saved.text:
-        raise ResumeError("checkpoint text does not match its token ids (was the tokenizer changed?)")
 
 
 def _tokenizer_eos(tokenizer: Any) -> tuple[int, ...]:

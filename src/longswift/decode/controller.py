@@ -314,8 +314,12 @@ class Controller:
         return self.overhead + self.cost.predict(nodes, context)
 
     def _reach(self, trie: Trie) -> list[float]:
-        """P(walk accepts node v) for every node (1 for the root); parents precede children in a trie."""
-        p = [1.0] * len(trie)
-        for v in range(1, len(trie)):
-            p[v] = p[trie.parents[v]] * self.acceptance.node_rate(trie.sources[v])
-        return p
+        return reach(self.acceptance, trie)
+
+
+def reach(acceptance: AcceptanceStats, trie: Trie) -> list[float]:
+    """P(walk accepts node v) for every node (1 for the root); parents precede children in a trie."""
+    p = [1.0] * len(trie)
+    for v in range(1, len(trie)):
+        p[v] = p[trie.parents[v]] * acceptance.node_rate(trie.sources[v])
+    return p

@@ -28,20 +28,32 @@ def apply_penalty(logits: Tensor, window: Tensor, penalty: float) -> Tensor:
     # A presence mask instead of window.unique(): no data-dependent shapes, so no host sync on a GPU.
     present = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
     present[window] = True
+    return penalise(logits, present, penalty)
+
+
+def penalise(logits: Tensor, present: Tensor, penalty: float) -> Tensor:
+    """logits (..., V), present (..., V) bool (broadcastable) -> the CTRL penalty applied where present.
+
+    The one formula behind `apply_penalty` and batched decoding's per-node windows (decode/batch_choice.py).
+    """
     return torch.where(present, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
 
 
 def warp(logits: Tensor, cfg: SamplingConfig) -> Tensor:
-    """logits (V,) penalised -> logits with temperature applied and filtered tokens set to -inf."""
+    """logits (..., V) penalised -> logits with temperature applied and filtered tokens set to -inf.
+
+    Every filter works along the last axis, so one row (AR, TokenSwift's walk) and many rows at once (batched
+    decoding's nodes) go through the same operations.
+    """
     logits = logits / cfg.temperature
     if cfg.top_k and cfg.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, cfg.top_k).values[-1]
+        kth = torch.topk(logits, cfg.top_k).values[..., -1:]
         logits = logits.masked_fill(logits < kth, -math.inf)
     if cfg.top_p < 1.0:
         logits = _top_p(logits, cfg.top_p)
     if cfg.min_p > 0:
         probs = logits.softmax(-1)
-        logits = logits.masked_fill(probs < cfg.min_p * probs.max(), -math.inf)
+        logits = logits.masked_fill(probs < cfg.min_p * probs.amax(-1, keepdim=True), -math.inf)
     if cfg.eta > 0:
         logits = _eta(logits, cfg.eta)
     return logits
@@ -52,19 +64,21 @@ def _top_p(logits: Tensor, top_p: float) -> Tensor:
     sorted_logits, order = logits.sort(descending=False)
     cumulative = sorted_logits.softmax(-1).cumsum(-1)
     remove_sorted = cumulative <= (1 - top_p)
-    remove_sorted[-1] = False
-    remove = remove_sorted.scatter(0, order, remove_sorted)
+    remove_sorted[..., -1] = False
+    remove = remove_sorted.scatter(-1, order, remove_sorted)
     return logits.masked_fill(remove, -math.inf)
 
 
 def _eta(logits: Tensor, epsilon: float) -> Tensor:
-    """Eta sampling (Hewitt et al. 2022): drop tokens below min(eps, sqrt(eps) * exp(-entropy)); keep the best."""
+    """Eta sampling (Hewitt et al. 2022): drop tokens below min(eps, sqrt(eps) * exp(-entropy)); keep the best.
+
+    The threshold is computed in float64 and compared in the probabilities' dtype, on the device (no host read).
+    """
     probs = logits.softmax(-1)
     logp = torch.where(probs > 0, probs.log(), torch.zeros_like(probs))
-    entropy = -(probs * logp).sum()
-    eta = min(epsilon, math.sqrt(epsilon) * float(torch.exp(-entropy)))
-    remove = probs < eta
-    remove[probs.argmax()] = False
+    entropy = -(probs * logp).sum(-1, keepdim=True)
+    eta = (math.sqrt(epsilon) * torch.exp(-entropy).double()).clamp(max=epsilon).to(probs.dtype)
+    remove = (probs < eta).scatter(-1, probs.argmax(-1, keepdim=True), False)
     return logits.masked_fill(remove, -math.inf)
 
 
@@ -87,7 +101,11 @@ class TopRecord:
     def add(self, probs: Tensor) -> None:
         """probs (V,) -> one row: its min(k, V) largest values, descending."""
         k = min(self.k, probs.shape[-1])
-        self._pending.append(probs.amax()[None] if k == 1 else probs.topk(k).values)
+        self.add_row(probs.amax()[None] if k == 1 else probs.topk(k).values)
+
+    def add_row(self, values: Tensor) -> None:
+        """One row already reduced to its min(k, V) largest probabilities (batched decoding computes them)."""
+        self._pending.append(values)
         self.count += 1
         if len(self._pending) == self.CHUNK:
             self._chunks.append(torch.stack(self._pending))

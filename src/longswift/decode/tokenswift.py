@@ -24,7 +24,8 @@ from ..config import SpeculationConfig
 from ..model.cache import KVCache
 from ..model.compiled import node_bucket
 from ..model.transformer import QueryLog, Transformer
-from .controller import STEP_KINDS, Controller, StepGate, head_source, lookup_source, ngram_source
+from .candidates import candidate_trie
+from .controller import STEP_KINDS, Controller, StepGate
 from .drafting import Draft, Drafter
 from .loop import Context, EagerForward, Forward, Timer, forward_counts, forward_stats, prefill, reuse, warm_up
 from .ngram import HistoryLookup, NGramTable
@@ -147,20 +148,10 @@ class TokenSwiftDecoder:
 
     def _candidates(self, draft: Draft) -> Trie:
         """Every candidate of this step, each node labelled with the sources that proposed it."""
-        trie = Trie.rooted(self.context.last)
-        trie.add_levels(
-            draft.tokens, [[head_source(d + 1, r, p) for r, p in enumerate(row)] for d, row in enumerate(draft.probs)]
-        )
         key = self.drafter.ngram_key(self.context.last, draft)
-        if key is not None and self.spec.ngram_topk:
-            for rank, gram in enumerate(self.ngrams.top_k(key, self.spec.ngram_topk)):
-                chain = gram[1:] if self.drafter.chains_from_root else gram  # the root is decided already
-                share = self.ngrams.share(gram)
-                trie.add_chain(chain, sources=[ngram_source(d + 1, rank, share) for d in range(len(chain))])
-        if self.spec.lookup:
-            found = self.lookup.continuation(self.context.host, self.spec.lookup)
-            trie.add_chain(found.tokens, sources=[lookup_source(d + 1, found.match) for d in range(len(found.tokens))])
-        return trie
+        return candidate_trie(
+            self.context.host, draft, self.ngrams, self.lookup, self.spec, key, self.drafter.chains_from_root
+        )
 
     def _learn(self) -> None:
         """Teach the controller with every candidate trie whose continuation is now decided."""

@@ -9,7 +9,7 @@ max_new_tokens, **settings)` remains as the keyword form of the Python API and b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ..config import COMPILE_CHOICES, MODES, CompileChoice, Mode, SamplingConfig, SpeculationConfig
@@ -58,3 +58,23 @@ class GenerationRequest:
             raise ConfigError(f"max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if not all(self.stop_strings):
             raise ConfigError("stop strings must not be empty")
+
+
+def batch_speculation(requests: Sequence[GenerationRequest], default: SpeculationConfig) -> SpeculationConfig:
+    """The one speculation setting of a batch (fused drafting), refusing requests that a batch cannot run.
+
+    A batch verifies every row in one forward with one budget, so its rows share one speculation configuration;
+    it runs eagerly and drafts fused (decode/batched.py says why), and keeps no per-token margins.
+    """
+    specs = {r.speculation or default for r in requests if r.mode != "ar"}  # AR rows do not speculate
+    if len(specs) > 1:
+        raise ConfigError("the requests of one batch must share one speculation setting")
+    for r in requests:
+        if r.record_margins:
+            raise ConfigError("batched decoding does not record decision margins; run the request alone")
+        if r.drafter is not None:
+            raise ConfigError("batched decoding drafts with the heads; a custom drafter needs a request of its own")
+        if r.compile == "on":
+            raise ConfigError("batched decoding runs eagerly: --compile on needs --batch-size 1")
+    spec = specs.pop() if specs else default
+    return replace(spec, draft="fused") if spec.draft != "fused" else spec

@@ -72,14 +72,17 @@ def _yarn(inv_freq: Tensor, rope: RopeConfig, head_dim: int) -> tuple[Tensor, fl
 
 
 def rope_tables(inv_freq: Tensor, scaling: float, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """positions (T,) long -> cos, sin (T, head_dim) in `dtype`, computed in fp32 like the reference."""
-    freqs = positions.float()[:, None] * inv_freq[None, :]
+    """positions (T,) or (B, T) long -> cos, sin (T, head_dim) or (B, 1, T, head_dim) in `dtype`, in fp32 like the
+    reference. Per-row positions are for batched decoding, where every sequence is at its own length."""
+    freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
+    if positions.dim() == 2:
+        emb = emb[:, None]  # broadcast over heads: x is (B, H, T, D)
     return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (B, H, T, D), cos/sin (T, D) -> x rotated in rotate-half layout."""
+    """x (B, H, T, D), cos/sin (T, D) or (B, 1, T, D) -> x rotated in rotate-half layout."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin

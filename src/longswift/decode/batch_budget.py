@@ -1,0 +1,98 @@
+"""One budget for a whole batch: which candidates of which sequences a batched step verifies.
+
+A batched forward runs every row at the same width T (the largest trie, the others padded), so its cost is
+C(rows, T, context): the width, not the total of nodes, is what is paid for. For each width t the best choice
+keeps, in every sequence, its t - 1 candidates of highest reach P(v) (the chance the walk accepts v, from that
+sequence's own hindsight statistics, as controller.py computes them); the step emits on average
+Σ_seq (1 + Σ_kept P) tokens. The budget picks the t that maximises those tokens per second, with the forward's
+cost timed at this batch's rows and context (`CostModel`) plus a measured per-step overhead. t = 1 verifies every
+root alone: a batched AR step, so speculation that does not pay costs the batch nothing but the drafting.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .controller import OVERHEAD_DECAY, CostModel, calibration_sizes
+from .tree import Trie
+
+
+@dataclass(frozen=True)
+class BatchChoice:
+    """The sub-tries a batched step verifies (one per sequence), the forward's width and the expected tokens."""
+
+    tries: list[Trie]
+    width: int
+    expected_tokens: float
+    predicted_s: float
+
+
+class BatchBudget:
+    """Chooses each batched step's width and sub-tries; `adaptive=False` verifies every candidate."""
+
+    def __init__(self, adaptive: bool, max_nodes: int, time_forward: Callable[[int, int], float]) -> None:
+        """`time_forward(rows, width)`: seconds of one batched forward over `rows` rows at the current context."""
+        self.adaptive = adaptive
+        self.max_nodes = max_nodes
+        self.time_forward = time_forward
+        self.sizes = calibration_sizes(max_nodes)
+        self.costs: dict[int, CostModel] = {}  # per number of rows in the forward
+        self.overhead = 0.0
+        self.calibrations = 0
+        self._overhead_seen = False
+
+    def calibrate_if_due(self, rows: int, context: int) -> bool:
+        """Time forwards of every calibration width for `rows` rows when the context has grown; True if it did."""
+        if not self.adaptive:
+            return False
+        cost = self.costs.setdefault(rows, CostModel(self.sizes))
+        if not cost.due(context):
+            return False
+        runs = [[self.time_forward(rows, n) for _ in range(2)] for n in self.sizes]  # the faster of two: noise
+        cost.add(context, [min(r) for r in runs])
+        self.calibrations += 1
+        return True
+
+    def select(self, tries: Sequence[Trie], reaches: Sequence[Sequence[float]], rows: int, context: int) -> BatchChoice:
+        """The sub-tries to verify; `reaches[i][v]`: P(the walk accepts node v of tries[i]) (1 for the root)."""
+        widest = min(max(len(t) for t in tries), self.max_nodes)
+        orders = [_by_reach(len(t), p) for t, p in zip(tries, reaches)]
+        if not self.adaptive:
+            kept = [order[: widest - 1] for order in orders]
+            expected = sum(1 + sum(p[v] for v in k) for k, p in zip(kept, reaches))
+            return BatchChoice(_subtries(tries, kept), widest, expected, math.nan)
+        best_t, best_rate, best_expected = 1, -1.0, float(len(tries))
+        for t in range(1, widest + 1):
+            expected = sum(1 + sum(p[v] for v in order[: t - 1]) for order, p in zip(orders, reaches))
+            rate = expected / self._step_cost(rows, t, context)
+            if rate > best_rate:
+                best_t, best_rate, best_expected = t, rate, expected
+        kept = [order[: best_t - 1] for order in orders]
+        width = max(1 + len(k) for k in kept)
+        return BatchChoice(_subtries(tries, kept), width, best_expected, self._step_cost(rows, width, context))
+
+    def measured(self, rows: int, width: int, context: int, step_s: float) -> None:
+        """The wall time of a whole step, to track the per-step overhead outside the forward."""
+        rest = max(step_s - self._forward_cost(rows, width, context), 0.0)
+        if not self._overhead_seen:
+            self.overhead, self._overhead_seen = rest, True
+        else:
+            self.overhead = OVERHEAD_DECAY * self.overhead + (1 - OVERHEAD_DECAY) * rest
+
+    def _forward_cost(self, rows: int, width: int, context: int) -> float:
+        cost = self.costs.get(rows)
+        return cost.predict(width, context) if cost is not None else float(width)
+
+    def _step_cost(self, rows: int, width: int, context: int) -> float:
+        return self.overhead + self._forward_cost(rows, width, context)
+
+
+def _subtries(tries: Sequence[Trie], kept: Sequence[Sequence[int]]) -> list[Trie]:
+    return [t if len(k) == len(t) - 1 else t.subtrie(k) for t, k in zip(tries, kept)]
+
+
+def _by_reach(n: int, p: Sequence[float]) -> list[int]:
+    """Nodes 1..n-1, most likely accepted first (ties: trie order, so parents before children)."""
+    return sorted(range(1, n), key=lambda v: (-p[v], v))

@@ -1,0 +1,139 @@
+"""Continuous batching: many prepared jobs through one `BatchDecoder`, each with its own transcript and result.
+
+Up to `rows` jobs decode together. The loop alternates one prefill chunk of a joining job with one batched step
+of the running ones, so a join stalls the others for at most one chunk; a job whose transcript ends (EOS, a stop
+string, its length) leaves at once and its row goes to the next waiting job. Each job's text is its own
+batch-size-1 run's: the batch changes only how many tokens a step accepts and how rows are scheduled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..decode.batch_seq import Sequence
+from ..decode.batched import BatchDecoder
+from ..decode.transcript import Piece
+from .result import GenerationResult, PreparedJob, restore, result_of
+from .state import JobState
+
+
+@dataclass(frozen=True)
+class BatchPiece:
+    """Text that became final in job `index` (its position among the requests); `finished` on its last piece."""
+
+    index: int
+    piece: Piece
+    finished: bool = False
+
+
+class BatchStream:
+    """Iterate for `BatchPiece`s; each job's `GenerationResult` is in `results[index]` once it finished.
+
+    Between two pieces every job is at a step boundary: `snapshot(index)` is a `JobState` that a later run
+    (batched or not) continues exactly.
+    """
+
+    def __init__(self, decoder: BatchDecoder, jobs: list[PreparedJob], heads_source: str | None = None) -> None:
+        self.decoder, self.jobs, self.heads_source = decoder, jobs, heads_source
+        self.results: list[GenerationResult | None] = [None] * len(jobs)
+        self._seqs: dict[int, Sequence] = {}
+        self._resumed = [len(j.resume.generated_ids) if j.resume is not None else 0 for j in jobs]
+        self._waiting = deque(range(len(jobs)))
+        self._cancelled: set[int] = set()
+        self.wall_s = 0.0
+
+    def snapshot(self, index: int) -> JobState:
+        return self.jobs[index].snapshot()
+
+    def cancel(self, index: int) -> None:
+        """Stop job `index` at the next step boundary (its row is freed; its result says "cancelled")."""
+        self._cancelled.add(index)
+
+    def __iter__(self) -> Iterator[BatchPiece]:
+        start = time.perf_counter()
+        decoder = self.decoder
+        while self._waiting or decoder.busy:
+            yield from self._admit()
+            yield from self._drop_cancelled()
+            decoder.prefill_chunk()
+            for seq, tokens in decoder.step().items():
+                transcript = self.jobs[seq.key].transcript
+                for token in tokens:
+                    if transcript.push(token):
+                        break
+                piece = transcript.take()
+                if transcript.done:
+                    yield self._finish(seq, piece)
+                elif piece.text or piece.token_ids:
+                    yield BatchPiece(seq.key, piece)
+            self.wall_s = time.perf_counter() - start
+        self.wall_s = time.perf_counter() - start
+
+    def _admit(self) -> Iterator[BatchPiece]:
+        """Give free rows to waiting jobs (a resumed job that had already finished ends here)."""
+        decoder = self.decoder
+        while self._waiting and decoder.has_room():
+            index = self._waiting.popleft()
+            job = self.jobs[index]
+            seq = Sequence(
+                index,
+                job.mode,
+                job.chooser,
+                len(job.prompt_ids) + job.transcript.stop.max_new_tokens,
+                job.spec,
+                decoder.model,
+                decoder.heads,
+            )
+            if job.resume is not None:
+                restore(job.resume, job.snapshot(), job.chooser.generator, job.transcript)
+            self._seqs[index] = seq
+            if job.transcript.done:
+                self.results[index] = self._result(seq)
+                yield BatchPiece(index, Piece(""), finished=True)
+                continue
+            decoder.join(seq, job.prompt_ids + list(job.transcript.ids))
+
+    def _drop_cancelled(self) -> Iterator[BatchPiece]:
+        for index in sorted(self._cancelled):
+            self._cancelled.discard(index)
+            if index in self._waiting:
+                self._waiting.remove(index)
+            seq = self._seqs.get(index)
+            if self.results[index] is not None:
+                continue
+            transcript = self.jobs[index].transcript
+            transcript.finish_reason = "cancelled"
+            if seq is not None:
+                yield self._finish(seq, transcript.take())
+            else:
+                self.results[index] = GenerationResult("", [], self.jobs[index].prompt_ids, "cancelled")
+
+    def _finish(self, seq: Sequence, piece: Piece) -> BatchPiece:
+        last = self.jobs[seq.key].transcript.flush()
+        self.decoder.leave(seq)
+        self.results[seq.key] = self._result(seq)
+        return BatchPiece(seq.key, Piece(piece.text + last.text, piece.token_ids + last.token_ids), finished=True)
+
+    def _result(self, seq: Sequence) -> GenerationResult:
+        job = self.jobs[seq.key]
+        result = result_of(seq, job.transcript, job.prompt_ids, self._resumed[seq.key], self.heads_source, job.spec)
+        result.stats["batch"] = self.stats()
+        return result
+
+    def stats(self) -> dict[str, Any]:
+        """The batch's own counts: steps, rows and width per step, host reads, calibrations."""
+        d = self.decoder
+        steps = max(d.steps, 1)
+        return {
+            "rows": d.cache.rows,
+            "steps": d.steps,
+            "mean_rows_per_step": d.rows_per_step / steps,
+            "mean_width": d.width_sum / steps,
+            "host_reads": d.host_reads,
+            "calibrations": d.budget.calibrations,
+            "prefill_s": d.timer.totals.get("prefill", 0.0),
+        }
