@@ -31,6 +31,7 @@ from .model.device import resolve_device as resolve_device  # re-exported: longs
 from .model.device import resolve_dtype as resolve_dtype
 from .model.heads import DraftHeads
 from .model.released import load_heads
+from .model.threads import ThreadChoice, ThreadSetting, set_threads
 from .parallel import Layout, TensorParallel
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ class Engine:
         heads: str | Path | bool | None = None,
         compile: str = "auto",
         parallel: TensorParallel | None = None,
+        threads: ThreadSetting = None,
     ) -> None:
         from .parallel import load_sharded
 
@@ -97,12 +99,13 @@ class Engine:
         self.heads_note: str | None = loaded.note if loaded else None  # a heads file overrides embedded blocks
         self.compile = compile  # the default of `stream(compile=...)`: auto | on | off (compiled.py)
         self._static: StaticForward | None = None  # the engine's compiled forward, made on first use
+        self.threads: ThreadChoice = set_threads(self.model, threads)  # torch's CPU threads (model/threads.py)
 
     @classmethod
     def launched(cls, launch: Launch) -> Engine:
         """The engine of a `Launch` whose checks passed (and whose process group, if any, started): loads weights."""
-        cfg = launch.cfg
-        return cls(launch.checkpoint, launch.device, launch.dtype, launch.heads, cfg.compile, launch.parallel)
+        cfg, at = launch.cfg, launch
+        return cls(at.checkpoint, at.device, at.dtype, at.heads, cfg.compile, at.parallel, cfg.threads)
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -149,7 +152,7 @@ class Engine:
         resumed = len(resume.generated_ids) if resume is not None else 0
         stream = GenerationStream(
             drive(decoder, transcript),
-            lambda: result_of(decoder, transcript, prompt_ids, resumed, self.heads_source, spec),
+            lambda: result_of(decoder, transcript, prompt_ids, resumed, self.heads_source, spec, self.threads),
             snapshot,
         )
         # Progress reads stats every few tokens: without the bounds, whose cost grows with the text (bound.py).
@@ -175,7 +178,7 @@ class Engine:
         decoder = BatchDecoder(self.model, self.heads, spec, min(batch_size, len(jobs)), capacity)
         if self.parallel is not None and spec.candidates == "adaptive":
             decoder.timer = self.parallel.shared_timer(self.device)  # every rank must choose the same widths
-        return BatchStream(decoder, jobs, self.heads_source)
+        return BatchStream(decoder, jobs, self.heads_source, self.threads)
 
     def generate(
         self,
@@ -298,17 +301,18 @@ def load(
     dtype: str = "auto",
     compile: CompileChoice = "auto",
     tp: int | TensorParallel = 1,
+    threads: ThreadSetting = None,
 ) -> Engine:
     """Load a local Hugging Face checkpoint directory (safetensors) and its draft heads.
 
-    model, heads, device, dtype and compile: as `launch.LaunchConfig` (model None: the embedded demonstration
-    model; heads None: the model directory's heads, if any, then TokenSwift is the default mode).
+    model, heads, device, dtype, compile, threads: as `launch.LaunchConfig` (model None: the embedded model; heads
+    None: the model directory's heads, if any, then TokenSwift is the default mode; threads None: torch's own).
     tp: tensor-parallel size, in a process started by `torchrun` (every rank calls `load` and then the same
     `generate` / `stream`; torch.distributed is started from torchrun's environment if it is not yet), or a
     `TensorParallel` group from `longswift.parallel.start`.
     """
     size = tp.size if isinstance(tp, TensorParallel) else tp
-    launch = Launch(LaunchConfig(model, heads, device, dtype, compile, size))
+    launch = Launch(LaunchConfig(model, heads, device, dtype, compile, size, threads))
     if isinstance(tp, TensorParallel):
         launch.parallel = tp
     elif tp != 1:

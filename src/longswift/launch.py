@@ -21,6 +21,7 @@ from .jobs.memory import plan_memory
 from .model.checkpoint import Checkpoint, heads_beside, model_dir_or_default
 from .model.compiled import resolve_compile
 from .model.device import resolve_device, resolve_dtype
+from .model.threads import ThreadSetting, check_threads
 from .parallel import Layout, TensorParallel, check_split, start
 
 T = TypeVar("T")
@@ -32,7 +33,8 @@ class LaunchConfig:
 
     model None: the embedded demonstration model. heads None: `heads.safetensors` in the model directory if
     present, else the draft blocks embedded in a released TokenSwift checkpoint, if any; False: no heads; a path:
-    that file. compile: the engine's default for its requests (auto | on | off).
+    that file. compile: the engine's default for its requests (auto | on | off). threads: torch's CPU threads,
+    "auto" (measured on the loaded model; OMP_NUM_THREADS when set), a count, or None: torch's setting (threads.py).
     """
 
     model: str | Path | None = None
@@ -41,6 +43,7 @@ class LaunchConfig:
     dtype: str = "auto"
     compile: CompileChoice = "auto"
     tp: int = 1
+    threads: ThreadSetting = None
 
 
 class Launch:
@@ -55,6 +58,7 @@ class Launch:
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         resolve_compile(cfg.compile, self.device)  # a bad or impossible choice fails before loading
+        check_threads(cfg.threads)
         if cfg.compile == "on" and cfg.tp != 1:
             raise ConfigError("--compile on is not supported with tensor parallelism (--tp > 1); use --compile off")
         heads = heads_beside(self.checkpoint.path) if cfg.heads is None else cfg.heads

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..config import SamplingConfig
 from ..errors import ConfigError
+from ..model.threads import ThreadSetting
 from .methods import Method
 from .profile import ProfileConfig
 
@@ -30,6 +31,7 @@ class BenchConfig:
     repeats: int = 1  # timed runs per method and length (median reported); repeat r uses prompt r
     device: str = "auto"
     dtype: str = "auto"
+    threads: ThreadSetting = None  # torch's CPU threads: "auto" (measured), a count, None = torch's (threads.py)
     seed: int = 0  # sampling seed, the same for every method and repeat
     warmup_tokens: int = 32  # tokens of the untimed warm-up generation per method
     curve_points: int = 100  # points of the stored cumulative-time curve

@@ -35,6 +35,7 @@ def environment(engine: Any, model_dir: Path, heads: Path | None) -> dict[str, A
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "threads": engine.threads.stats(),  # how that count was chosen (model/threads.py)
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",

@@ -41,7 +41,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport
     model_dir, heads = resolve_model(cfg)
     track.phase("load")
     _check_fits(Checkpoint.open(model_dir).config.max_position_embeddings, cfg)
-    engine = load(model_dir, heads=heads, device=cfg.device, dtype=cfg.dtype)
+    engine = load(model_dir, heads=heads, device=cfg.device, dtype=cfg.dtype, threads=cfg.threads)
     cfg = with_device_defaults(cfg, engine.device.type)
     prompts = load_prompts(engine.tokenizer, cfg.prompts, cfg.prompt_len, min(cfg.repeats, 64))
     runner = _Runner(engine, cfg, _load_hf(engine) if any(m.kind in HF_KINDS for m in cfg.methods) else None)

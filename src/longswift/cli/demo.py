@@ -20,7 +20,7 @@ from ..config import Mode, SamplingConfig, SpeculationConfig
 from ..errors import ConfigError
 from ..inputs import check_text
 from ..jobs.request import GenerationRequest
-from .options import add_speculation, speculation_from
+from .options import add_speculation, add_threads, speculation_from
 
 
 @dataclass
@@ -133,6 +133,7 @@ def add_demo(p: argparse.ArgumentParser) -> None:
     add_speculation(p)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto")
+    add_threads(p)
     p.add_argument(
         "--show-text",
         action="store_true",
@@ -158,7 +159,7 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     speculation = speculation_from(args, args.device)
     check_text(args.prompt)
-    engine = load(args.model, heads=args.heads, device=args.device, dtype=args.dtype)
+    engine = load(args.model, heads=args.heads, device=args.device, dtype=args.dtype, threads=args.threads)
     default = "ar,tokenswift" if engine.heads is not None else "ar,hf"
     methods = tuple(m.strip() for m in (args.methods or default).split(",") if m.strip())
     unknown = set(methods) - {"ar", "hf", "tokenswift"}
@@ -173,7 +174,8 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     for run in report.runs:
         out.write(
             f"{run.name:>10}: {len(run.token_ids)} tokens, {run.decode_s:7.2f} s decode, "
-            f"{run.tokens_per_s:8.1f} tok/s, speedup over ar {report.speedup(run.name):.2f}x\n"
+            f"{run.tokens_per_s:8.1f} tok/s, speedup over ar {report.speedup(run.name):.2f}x "
+            f"({engine.threads.describe()})\n"
         )
     out.write(f"outputs identical across methods: {report.identical()}\n")
     for name, comparison in report.comparisons().items():

@@ -24,6 +24,7 @@ from .options import (
     add_hardware,
     add_sampling,
     add_speculation,
+    add_threads,
     launch_from,
     request_from,
     sampling_from,
@@ -254,6 +255,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     d = p.add_argument_group("hardware")
     d.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     d.add_argument("--dtype", default="auto", help="fp32, bf16, fp16 or auto (fp32 on CPU, bf16 on GPU)")
+    add_threads(d)
 
 
 def cmd_bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -278,6 +280,7 @@ def cmd_bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         repeats=args.repeats,
         device=args.device,
         dtype=args.dtype,
+        threads=args.threads,
         seed=args.seed,
         warmup_tokens=args.warmup_tokens,
         profile=profile,

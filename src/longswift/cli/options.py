@@ -1,4 +1,4 @@
-"""Command-line options shared by several subcommands (generate, generate-batch, demo, serve), and how they
+"""Command-line options shared by several subcommands (generate, generate-batch, demo, bench, serve), and how they
 become configuration objects: one definition, so the commands cannot drift apart."""
 
 from __future__ import annotations
@@ -120,7 +120,28 @@ def add_hardware(p: argparse.ArgumentParser, compile_note: str = "") -> Any:
         help="compile the decoding and verification steps with torch.compile (static shapes; CUDA graphs "
         "on GPUs); auto = where measured to pay (default; currently nowhere, see BENCHMARKS.md)" + compile_note,
     )
+    add_threads(d)
     return d
+
+
+def add_threads(group: Any) -> None:
+    """--threads auto|N (generate, generate-batch, serve through add_hardware; demo and bench call it)."""
+    from ..model.threads import parse_threads
+
+    def threads(text: str) -> Any:
+        try:
+            return parse_threads(text)
+        except ValueError as exc:  # argparse reports it as one line: "argument --threads: must be ..."
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    group.add_argument(
+        "--threads",
+        type=threads,
+        default="auto",
+        metavar="auto|N",
+        help="CPU threads for torch: auto = the fastest count for this model on this machine, measured at start "
+        "(fewest within 5%%; OMP_NUM_THREADS when set) (default); N = exactly N",
+    )
 
 
 def check_writable(path: Path | None, label: str = "--out") -> None:
@@ -151,4 +172,4 @@ def launch_from(args: argparse.Namespace) -> Any:
     """The LaunchConfig of the model, heads and hardware options (generate, generate-batch)."""
     from ..launch import LaunchConfig
 
-    return LaunchConfig(args.model, args.heads, args.device, args.dtype, args.compile, args.tp)
+    return LaunchConfig(args.model, args.heads, args.device, args.dtype, args.compile, args.tp, args.threads)

@@ -109,7 +109,9 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     model_dir = model_dir_or_default(args.model)
     config = serve_config(args, model_dir, embedded=args.model is None)
-    engine = load(model_dir, heads=args.heads, device=args.device, dtype=args.dtype, compile=args.compile)
+    engine = load(
+        model_dir, heads=args.heads, device=args.device, dtype=args.dtype, compile=args.compile, threads=args.threads
+    )
     if engine.heads_note:
         err.write(f"longswift: note: {engine.heads_note}\n")
     _compile_before_serving(engine, config, err)

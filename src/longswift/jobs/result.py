@@ -18,6 +18,7 @@ from ..decode.bound import run_bounds
 from ..decode.sampling import TokenChooser
 from ..decode.transcript import Transcript
 from ..errors import ResumeError
+from ..model.threads import ThreadChoice
 from .state import JobState
 
 
@@ -82,6 +83,7 @@ def result_of(
     resumed: int = 0,
     heads: str | None = None,
     spec: SpeculationConfig | None = None,
+    threads: ThreadChoice | None = None,
 ) -> GenerationResult:
     """The result of the whole job; timing and speculation statistics cover this run only.
 
@@ -99,6 +101,7 @@ def result_of(
         "compile_s": times.get("compile", 0.0),
         "decode_s": decode_s,
         "tokens_per_s": (n - resumed) / decode_s if decode_s > 0 else 0.0,
+        "threads": threads.stats() if threads is not None else None,  # CPU threads, and why (model/threads.py)
         **decoder.stats(),
     }
     if decoder.mode == "tokenswift":

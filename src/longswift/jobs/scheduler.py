@@ -17,6 +17,7 @@ from typing import Any
 from ..decode.batch_seq import Sequence
 from ..decode.batched import BatchDecoder
 from ..decode.transcript import Piece
+from ..model.threads import ThreadChoice
 from .result import GenerationResult, PreparedJob, restore, result_of
 from .state import JobState
 
@@ -37,8 +38,14 @@ class BatchStream:
     (batched or not) continues exactly.
     """
 
-    def __init__(self, decoder: BatchDecoder, jobs: list[PreparedJob], heads_source: str | None = None) -> None:
-        self.decoder, self.jobs, self.heads_source = decoder, jobs, heads_source
+    def __init__(
+        self,
+        decoder: BatchDecoder,
+        jobs: list[PreparedJob],
+        heads_source: str | None = None,
+        threads: ThreadChoice | None = None,
+    ) -> None:
+        self.decoder, self.jobs, self.heads_source, self.threads = decoder, jobs, heads_source, threads
         self.results: list[GenerationResult | None] = [None] * len(jobs)
         self._seqs: dict[int, Sequence] = {}
         self._resumed = [len(j.resume.generated_ids) if j.resume is not None else 0 for j in jobs]
@@ -120,7 +127,8 @@ class BatchStream:
 
     def _result(self, seq: Sequence) -> GenerationResult:
         job = self.jobs[seq.key]
-        result = result_of(seq, job.transcript, job.prompt_ids, self._resumed[seq.key], self.heads_source, job.spec)
+        resumed = self._resumed[seq.key]
+        result = result_of(seq, job.transcript, job.prompt_ids, resumed, self.heads_source, job.spec, self.threads)
         result.stats["batch"] = self.stats()
         return result
 
