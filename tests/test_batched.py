@@ -51,7 +51,9 @@ def single(engine, request: GenerationRequest):
 
 def assert_same(reference, other) -> None:
     """Identical, or a difference that the reference's own margin shows to be a rounding near-tie."""
-    result = compare(reference.token_ids, other.token_ids, reference.margins, near_tie_bound(__import__("torch").float32))
+    result = compare(
+        reference.token_ids, other.token_ids, reference.margins, near_tie_bound(__import__("torch").float32)
+    )
     assert result.kind in ("identical", "near-tie"), result.describe()
 
 
@@ -70,3 +72,121 @@ def test_mixed_batch_equals_each_sequence_alone(tiny_llama, batch_size):
         assert_same(ref, got)
         assert pieces[i] == got.token_ids  # the streamed pieces add up to the result
     assert stream.decoder.host_reads == stream.decoder.steps  # one host read per batched step
+
+
+def test_stops_eos_and_lengths_inside_accepted_blocks(tiny_llama):
+    """Stop strings, EOS (id 0 in the tiny checkpoints) and max_new_tokens end each row where it would end alone."""
+    engine = engine_for(tiny_llama)
+    alone_text = engine.generate(GenerationRequest("Once upon a time", 60, mode="ar", ignore_eos=True)).text
+    stop = alone_text[len(alone_text) // 2 : len(alone_text) // 2 + 3]
+    requests = [
+        GenerationRequest("Once upon a time", 60, mode="tokenswift", speculation=SPEC, stop_strings=(stop,)),
+        GenerationRequest("It was the best", 80, mode="tokenswift", speculation=SPEC),  # EOS counts
+        GenerationRequest("The quick", 7, mode="ar"),
+        GenerationRequest("x y", 33, mode="tokenswift", speculation=SPEC, sampling=PAPER, seed=5),
+    ]
+    stream = engine.stream_many(requests, batch_size=4)
+    list(stream)
+    for request, got in zip(requests, stream.results):
+        ref = engine.generate(request)
+        assert got is not None
+        assert (got.token_ids, got.text, got.finish_reason) == (ref.token_ids, ref.text, ref.finish_reason)
+    assert stream.results[0].finish_reason == "stop_string"
+
+
+def test_expensive_nodes_make_every_step_a_batched_ar_step(tiny_llama, monkeypatch):
+    """The budget weighs the forward's measured cost: if every extra node is ruinous it verifies roots only."""
+    from longswift.decode.batched import BatchDecoder
+
+    monkeypatch.setattr(BatchDecoder, "time_forward", lambda self, rows, width: float(width) ** 4)
+    engine = engine_for(tiny_llama)
+    adaptive = SpeculationConfig(tree=(1, 3, 3), candidates="adaptive", lookup=8)
+    requests = [
+        GenerationRequest(p, 50, mode="tokenswift", speculation=adaptive, ignore_eos=True)
+        for p in ("It was the best of times", "Once upon a time", "A B C")
+    ]
+    stream = engine.stream_many(requests, batch_size=3)
+    list(stream)
+    assert stream.stats()["mean_width"] == 1.0
+    for request, got in zip(requests, stream.results):
+        assert got is not None and got.stats["root_only_share"] == 1.0
+        assert_same(single(engine, request), got)
+
+
+def test_bad_requests_are_refused_before_decoding(tiny_llama):
+    engine = engine_for(tiny_llama)
+    with pytest.raises(ConfigError, match="margins"):
+        engine.stream_many([GenerationRequest("a", 5, record_margins=True)])
+    with pytest.raises(ConfigError, match="one speculation setting"):
+        engine.stream_many(
+            [
+                GenerationRequest("a", 5, mode="tokenswift", speculation=SPEC),
+                GenerationRequest("b", 5, mode="tokenswift", speculation=SpeculationConfig(tree=(1, 2))),
+            ]
+        )
+    with pytest.raises(longswift.PromptError):
+        engine.stream_many([GenerationRequest("a", 5), GenerationRequest("a " * 5000, 5)])
+
+
+def _generate_batch(tmp_path, tiny_llama, name: str, *flags: str) -> tuple[int, str]:
+    import io
+
+    from longswift.cli import main
+
+    lines = [
+        {"id": "a", "prompt": "It was the best of times", "max_new_tokens": 40},
+        {"id": "b", "prompt": "Once upon a time", "seed": 3},
+        {"id": "c", "prompt": "x", "max_new_tokens": 25, "seed": 9},
+        {"id": "d", "prompt": "The quick brown fox jumps"},
+        {"id": "e", "prompt": "too long " * 3000},  # fails alone
+    ]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(__import__("json").dumps(x) + "\n" for x in lines))
+    err = io.StringIO()
+    argv = ["generate-batch", "--prompts", str(prompts), "--out-dir", str(tmp_path / name), "--model", str(tiny_llama)]
+    argv += ["--heads", random_heads(tiny_llama, 0), "--device", "cpu", "--dtype", "fp32", "--quiet"]
+    argv += ["--max-new-tokens", "30", "--temperature", "1", "--min-p", "0.1", "--seed", "1", "--threads", "1", *flags]
+    code = main(argv, out=io.StringIO(), err=err)
+    return code, err.getvalue()
+
+
+def _outputs(directory) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(directory.glob("*.txt"))}
+
+
+def test_generate_batch_with_batch_size_writes_what_one_at_a_time_writes(tmp_path, tiny_llama):
+    code, err = _generate_batch(tmp_path, tiny_llama, "one")
+    assert code == 0, err
+    code, err = _generate_batch(tmp_path, tiny_llama, "three", "--batch-size", "3")
+    assert code == 0, err
+    assert _outputs(tmp_path / "three") == _outputs(tmp_path / "one")
+    results = [__import__("json").loads(x) for x in (tmp_path / "three" / "results.jsonl").read_text().splitlines()]
+    assert ["error" in r for r in results] == [False, False, False, False, True]
+    assert results[0]["stats"]["batch"]["rows"] == 3
+
+
+def test_interrupted_batched_run_resumes_to_the_uninterrupted_text(tmp_path, tiny_llama):
+    """Every running job is checkpointed at the same step boundary; a rerun continues each exactly."""
+    from longswift.jobs.batch import BatchOptions, BatchRunner, read_prompts
+
+    _generate_batch(tmp_path, tiny_llama, "prompts-only", "--batch-size", "x")  # writes prompts.jsonl, refused
+    engine = engine_for(tiny_llama)
+    sampled = SamplingConfig(temperature=1.0, min_p=0.1)
+    options = BatchOptions(GenerationRequest("", 30, sampling=sampled, seed=1, mode="tokenswift"), 8, 2)
+    items = read_prompts(tmp_path / "prompts.jsonl")
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    for d in (whole, cut):
+        d.mkdir()
+    assert BatchRunner(engine, whole, options, True, lambda: False, lambda s: None).run(items)
+    calls = iter(range(10**6))
+    assert not BatchRunner(engine, cut, options, True, lambda: next(calls) == 7, lambda s: None).run(items)
+    assert len(list(cut.glob("*.ckpt.json"))) >= 2  # every running job checkpointed
+    assert _outputs(cut) != _outputs(whole)
+    assert BatchRunner(engine, cut, options, True, lambda: False, lambda s: None).run(items)
+    assert _outputs(cut) == _outputs(whole)
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_bad_batch_size_is_one_clear_line(tmp_path, tiny_llama, value):
+    code, err = _generate_batch(tmp_path, tiny_llama, "bad", "--batch-size", value)
+    assert code == 2 and "--batch-size" in err and err.count("\n") == 1 and "Traceback" not in err, err

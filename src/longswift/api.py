@@ -159,6 +159,13 @@ class Engine:
         stream.live_stats = lambda: result_of(decoder, transcript, prompt_ids, resumed, self.heads_source).stats
         return stream
 
+    def check(self, request: GenerationRequest) -> None:
+        """Raise the error `stream(request)` would raise before decoding (a prompt too long, no heads, a checkpoint
+        of other settings, ...)."""
+        job = self._prepare(request)
+        if request.resume is not None:
+            restore(request.resume, job.snapshot(), job.chooser.generator, job.transcript)
+
     def stream_many(self, requests: Iterable[GenerationRequest], batch_size: int = 4) -> BatchStream:
         """Run many requests, up to `batch_size` at once (continuous batching); iterate for `BatchPiece`s.
 

@@ -128,6 +128,24 @@ def add_generate_batch(p: argparse.ArgumentParser) -> None:
         help="directory for each job's text, checkpoint and result, and results.jsonl (shared by all "
         "nodes, or one per node: each group writes its own jobs)",
     )
+    p.add_argument(
+        "--batch-size",
+        type=_batch_size,
+        default=1,
+        metavar="B",
+        help="decode up to B jobs together in each process (continuous batching: a finished job's slot takes the "
+        "next prompt; each job's text is the one it gets alone); default 1, one job after another",
+    )
+
+
+def _batch_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
 
 
 def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
@@ -150,7 +168,7 @@ def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
         parallel = ranks.started(launch.start(layout))
         everyone = _everyone(layout)
         engine = Engine.launched(launch)
-        options = BatchOptions(request_from(args, "", sampling, speculation), args.checkpoint_every)
+        options = BatchOptions(request_from(args, "", sampling, speculation), args.checkpoint_every, args.batch_size)
         mine = share(items, layout.group_index, layout.groups)
 
         def report(line: str) -> None:

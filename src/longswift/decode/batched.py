@@ -76,6 +76,7 @@ class BatchDecoder:
         self.host_reads = 0  # device-to-host reads made by steps (one per step; tests count them)
         self.rows_per_step = 0
         self.width_sum = 0
+        self._failed: list[tuple[Sequence, Exception]] = []
 
     @property
     def busy(self) -> bool:
@@ -99,13 +100,20 @@ class BatchDecoder:
         seq.to_prefill = ids[:-1]  # the last id is the first root, fed by the first step
         self.joining.append(seq)
 
+    def take_failures(self) -> list[tuple[Sequence, Exception]]:
+        """Sequences whose last step failed (non-finite logits), already out of the batch, with their errors."""
+        failed, self._failed = self._failed, []
+        return failed
+
     def leave(self, seq: Sequence) -> None:
         """Forget `seq` and free its row (a finished, cancelled or failed sequence)."""
         for group in (self.joining, self.active):
             if seq in group:
                 group.remove(seq)
-        self.cache.release(seq.row)
-        self.free.append(seq.row)
+        if seq.row >= 0:  # leaving twice (a failure, then its finish) frees the row once
+            self.cache.release(seq.row)
+            self.free.append(seq.row)
+            seq.row = -1
 
     @torch.inference_mode()
     def prefill_chunk(self) -> Sequence | None:
@@ -153,6 +161,8 @@ class BatchDecoder:
         tokens, accepted = self._decide(seqs, choice.tries, hidden, choice.width)
         t2 = self.timer.add("bookkeeping", t1)
         for seq, candidates, verified in zip(seqs, tries, choice.tries):
+            if seq not in tokens:
+                continue  # failed: reported by take_failures
             seq.after_step(candidates, verified, accepted[seq], tokens[seq])
             seq.timer.totals["decode"] = seq.timer.totals.get("decode", 0.0) + t2 - t0
         self.budget.measured(rows, choice.width, context, t2 - t0)
@@ -238,11 +248,9 @@ class BatchDecoder:
         for seq, trie, off in zip(seqs, tries, offsets):
             result = walk(trie, partial(_lookup, host_choice, off))
             visited = [0] + result.nodes
-            if not all(host_ok[off + v] for v in visited):
-                raise NumericalError(
-                    f"the model produced NaN or infinite logits in sequence {seq.key}; the text before it is kept. "
-                    "This is usually a numeric overflow: try --dtype fp32 (or bf16 instead of fp16)"
-                )
+            if not all(host_ok[off + v] for v in visited):  # this sequence fails; the others go on
+                self._failed.append((seq, _non_finite(seq.context.length)))
+                continue
             self.cache.commit_row(seq.row, visited)
             if seq.uniforms is not None:
                 seq.uniforms.settle(len(result.tokens))
@@ -253,7 +261,8 @@ class BatchDecoder:
                         seq.chooser.tops.add_row(values_[v])
             out[seq], accepted[seq] = result.tokens, result.nodes
         for i, seq in enumerate(spec_seqs):
-            seq.draft = self._unpack_draft(draft_values, i, len(spec_seqs))
+            if seq in out:
+                seq.draft = self._unpack_draft(draft_values, i, len(spec_seqs))
         return out, accepted
 
     def _drafts(
@@ -350,3 +359,10 @@ class BatchDecoder:
 def _lookup(choices: list[int], offset: int, node: int) -> int:
     """The walk's `choose`: the choice already computed for `node` of the trie whose nodes start at `offset`."""
     return choices[offset + node]
+
+
+def _non_finite(position: int) -> NumericalError:
+    return NumericalError(
+        f"the model produced NaN or infinite logits for the token at position {position}; the text before it "
+        "is kept. This is usually a numeric overflow: try --dtype fp32 (or bf16 instead of fp16)"
+    )

@@ -58,6 +58,7 @@ class BatchOptions:
 
     request: GenerationRequest
     checkpoint_every: int
+    batch_size: int = 1  # jobs decoded together in this process (batch_many.py); 1: one after another
 
     def for_item(self, item: BatchItem, resume: JobState | None) -> GenerationRequest:
         seed = item.seed if item.seed is not None else self.request.seed
@@ -135,6 +136,10 @@ class BatchRunner:
 
     def run(self, items: list[BatchItem]) -> bool:
         """Run every job of `items` not yet finished; -> False if interrupted (rerun to resume)."""
+        if self.options.batch_size > 1:
+            from .batch_many import run_many
+
+            return run_many(self, items)
         for item in items:
             if item.error is not None:  # known from the prompts file alone: it owns no files (its id may not)
                 self.report(f"[longswift] error: {item.error}")
@@ -186,6 +191,13 @@ class BatchRunner:
             },
         )
         return True
+
+    def finish(self, item: BatchItem, fields: dict[str, Any]) -> None:
+        """Write `item`'s result (its line of results.jsonl) and report it."""
+        self._finish(item, fields)
+
+    def result_path(self, item: BatchItem) -> Path:
+        return self._result_path(item)
 
     def _finish(self, item: BatchItem, fields: dict[str, Any]) -> None:
         line = {"id": item.id, "line": item.line, **fields}

@@ -51,7 +51,11 @@ class BatchStream:
         self._resumed = [len(j.resume.generated_ids) if j.resume is not None else 0 for j in jobs]
         self._waiting = deque(range(len(jobs)))
         self._cancelled: set[int] = set()
+        self.errors: dict[int, str] = {}  # jobs that failed (their text so far is in their result)
         self.wall_s = 0.0
+        for job in jobs:  # now, not at admission: a waiting job's snapshot must already be its resumed state
+            if job.resume is not None:
+                restore(job.resume, job.snapshot(), job.chooser.generator, job.transcript)
 
     def snapshot(self, index: int) -> JobState:
         return self.jobs[index].snapshot()
@@ -67,18 +71,29 @@ class BatchStream:
             yield from self._admit()
             yield from self._drop_cancelled()
             decoder.prefill_chunk()
-            for seq, tokens in decoder.step().items():
-                transcript = self.jobs[seq.key].transcript
-                for token in tokens:
-                    if transcript.push(token):
-                        break
-                piece = transcript.take()
-                if transcript.done:
-                    yield self._finish(seq, piece)
-                elif piece.text or piece.token_ids:
-                    yield BatchPiece(seq.key, piece)
+            # Every job's tokens of this step reach its transcript before any piece is handed out, so at each
+            # yield every job is at a step boundary (what `snapshot` needs).
+            pieces = [self._push(seq, tokens) for seq, tokens in decoder.step().items()]
+            pieces += [self._fail(seq, error) for seq, error in decoder.take_failures()]
             self.wall_s = time.perf_counter() - start
+            yield from (p for p in pieces if p is not None)
         self.wall_s = time.perf_counter() - start
+
+    def _push(self, seq: Sequence, tokens: list[int]) -> BatchPiece | None:
+        transcript = self.jobs[seq.key].transcript
+        for token in tokens:
+            if transcript.push(token):
+                break
+        piece = transcript.take()
+        if transcript.done:
+            return self._finish(seq, piece)
+        return BatchPiece(seq.key, piece) if piece.text or piece.token_ids else None
+
+    def _fail(self, seq: Sequence, error: Exception) -> BatchPiece:
+        """A job whose step failed (NaN logits) ends with what it had; the other jobs go on."""
+        self.errors[seq.key] = str(error)
+        self.jobs[seq.key].transcript.finish_reason = "error"
+        return self._finish(seq, Piece(""))
 
     def _admit(self) -> Iterator[BatchPiece]:
         """Give free rows to waiting jobs (a resumed job that had already finished ends here)."""
@@ -95,8 +110,6 @@ class BatchStream:
                 decoder.model,
                 decoder.heads,
             )
-            if job.resume is not None:
-                restore(job.resume, job.snapshot(), job.chooser.generator, job.transcript)
             self._seqs[index] = seq
             if job.transcript.done:
                 self.results[index] = self._result(seq)
@@ -130,6 +143,8 @@ class BatchStream:
         resumed = self._resumed[seq.key]
         result = result_of(seq, job.transcript, job.prompt_ids, resumed, self.heads_source, job.spec, self.threads)
         result.stats["batch"] = self.stats()
+        if seq.key in self.errors:
+            result.stats["error"] = self.errors[seq.key]
         return result
 
     def stats(self) -> dict[str, Any]:
