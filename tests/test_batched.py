@@ -4,8 +4,10 @@ text, whatever else is in the batch, with one host read per batched step."""
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
+import torch
 
 import longswift
 from longswift.bench.identity import compare, near_tie_bound
@@ -51,9 +53,7 @@ def single(engine, request: GenerationRequest):
 
 def assert_same(reference, other) -> None:
     """Identical, or a difference that the reference's own margin shows to be a rounding near-tie."""
-    result = compare(
-        reference.token_ids, other.token_ids, reference.margins, near_tie_bound(__import__("torch").float32)
-    )
+    result = compare(reference.token_ids, other.token_ids, reference.margins, near_tie_bound(torch.float32))
     assert result.kind in ("identical", "near-tie"), result.describe()
 
 
@@ -141,7 +141,7 @@ def _generate_batch(tmp_path, tiny_llama, name: str, *flags: str) -> tuple[int, 
         {"id": "e", "prompt": "too long " * 3000},  # fails alone
     ]
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(__import__("json").dumps(x) + "\n" for x in lines))
+    prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
     err = io.StringIO()
     argv = ["generate-batch", "--prompts", str(prompts), "--out-dir", str(tmp_path / name), "--model", str(tiny_llama)]
     argv += ["--heads", random_heads(tiny_llama, 0), "--device", "cpu", "--dtype", "fp32", "--quiet"]
@@ -160,7 +160,7 @@ def test_generate_batch_with_batch_size_writes_what_one_at_a_time_writes(tmp_pat
     code, err = _generate_batch(tmp_path, tiny_llama, "three", "--batch-size", "3")
     assert code == 0, err
     assert _outputs(tmp_path / "three") == _outputs(tmp_path / "one")
-    results = [__import__("json").loads(x) for x in (tmp_path / "three" / "results.jsonl").read_text().splitlines()]
+    results = [json.loads(x) for x in (tmp_path / "three" / "results.jsonl").read_text().splitlines()]
     assert ["error" in r for r in results] == [False, False, False, False, True]
     assert results[0]["stats"]["batch"]["rows"] == 3
 
