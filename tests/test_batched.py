@@ -168,6 +168,7 @@ def test_generate_batch_with_batch_size_writes_what_one_at_a_time_writes(tmp_pat
 def test_interrupted_batched_run_resumes_to_the_uninterrupted_text(tmp_path, tiny_llama):
     """Every running job is checkpointed at the same step boundary; a rerun continues each exactly."""
     from longswift.jobs.batch import BatchOptions, BatchRunner, read_prompts
+    from longswift.jobs.batch_many import run_batch
 
     _generate_batch(tmp_path, tiny_llama, "prompts-only", "--batch-size", "x")  # writes prompts.jsonl, refused
     engine = engine_for(tiny_llama)
@@ -177,12 +178,12 @@ def test_interrupted_batched_run_resumes_to_the_uninterrupted_text(tmp_path, tin
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     for d in (whole, cut):
         d.mkdir()
-    assert BatchRunner(engine, whole, options, True, lambda: False, lambda s: None).run(items)
+    assert run_batch(BatchRunner(engine, whole, options, True, lambda: False, lambda s: None), items)
     calls = iter(range(10**6))
-    assert not BatchRunner(engine, cut, options, True, lambda: next(calls) == 7, lambda s: None).run(items)
+    assert not run_batch(BatchRunner(engine, cut, options, True, lambda: next(calls) == 7, lambda s: None), items)
     assert len(list(cut.glob("*.ckpt.json"))) >= 2  # every running job checkpointed
     assert _outputs(cut) != _outputs(whole)
-    assert BatchRunner(engine, cut, options, True, lambda: False, lambda s: None).run(items)
+    assert run_batch(BatchRunner(engine, cut, options, True, lambda: False, lambda s: None), items)
     assert _outputs(cut) == _outputs(whole)
 
 

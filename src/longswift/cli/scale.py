@@ -153,6 +153,7 @@ def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
     from ..api import Engine
     from ..inputs import check_job_flags
     from ..jobs.batch import BatchOptions, BatchRunner, check_out_dir, read_prompts, share, write_results
+    from ..jobs.batch_many import run_batch
     from ..launch import Launch
     from .job import EXIT_INTERRUPTED, StopOnSignal
     from .options import launch_from, request_from, sampling_from, speculation_from
@@ -186,7 +187,7 @@ def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
                 report,
                 launch.share,
             )
-            finished = runner.run(mine) and _wait_for_all(everyone, signals.requested)
+            finished = run_batch(runner, mine) and _wait_for_all(everyone, signals.requested)
         if not finished:
             if layout.is_lead:
                 err.write("longswift: interrupted; rerun the same command to resume the unfinished jobs\n")

@@ -58,7 +58,7 @@ class BatchOptions:
 
     request: GenerationRequest
     checkpoint_every: int
-    batch_size: int = 1  # jobs decoded together in this process (batch_many.py); 1: one after another
+    batch_size: int = 1  # jobs decoded together in this process (batch_many.run_many); 1: one after another
 
     def for_item(self, item: BatchItem, resume: JobState | None) -> GenerationRequest:
         seed = item.seed if item.seed is not None else self.request.seed
@@ -136,10 +136,6 @@ class BatchRunner:
 
     def run(self, items: list[BatchItem]) -> bool:
         """Run every job of `items` not yet finished; -> False if interrupted (rerun to resume)."""
-        if self.options.batch_size > 1:
-            from .batch_many import run_many
-
-            return run_many(self, items)
         for item in items:
             if item.error is not None:  # known from the prompts file alone: it owns no files (its id may not)
                 self.report(f"[longswift] error: {item.error}")

@@ -8,15 +8,18 @@ too long, NaN logits) fails alone. On an interruption every running job is check
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import LongswiftError
 from ..files import output_problem
+from .batch import BatchItem, BatchRunner, job_files
 from .request import GenerationRequest
 from .state import JobState, TextSink
 
-if TYPE_CHECKING:
-    from .batch import BatchItem, BatchRunner
+
+def run_batch(runner: BatchRunner, items: list[BatchItem]) -> bool:
+    """`runner.run(items)`, or `run_many` when the options batch several jobs."""
+    return run_many(runner, items) if runner.options.batch_size > 1 else runner.run(items)
 
 
 def run_many(runner: BatchRunner, items: list[BatchItem]) -> bool:
@@ -109,6 +112,4 @@ def _ckpt(runner: BatchRunner, item: BatchItem) -> Any:
 
 
 def _files(runner: BatchRunner, item: BatchItem) -> Any:
-    from .batch import job_files
-
     return job_files(runner.out_dir, item)
