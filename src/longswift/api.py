@@ -173,19 +173,35 @@ class Engine:
         token for token, seeded sampling draw for draw, up to rounding near-ties of batched kernels); its result is
         in `results[index]` once it finished. Batched decoding drafts fused and runs eagerly (docs: README).
         """
+        requests = list(requests)
+        if not requests:
+            raise ConfigError("stream_many needs at least one request")
+        spec = batch_speculation(requests, SpeculationConfig.for_device(self.device.type))
+        jobs = [self._prepare(r, spec) for r in requests]
+        longest = max(len(j.prompt_ids) + j.transcript.stop.max_new_tokens for j in jobs)
+        stream = self.open_batch(min(batch_size, len(jobs)), longest, spec)
+        for job in jobs:
+            stream.submit(job)
+        return stream
+
+    def open_batch(self, rows: int, longest: int, spec: SpeculationConfig | None = None) -> BatchStream:
+        """An empty batch of `rows` rows for jobs of up to `longest` tokens (prompt + new): a server submits
+        requests with `submit_to(stream, request)` and runs `stream.run_once()` in its loop."""
         from .decode.batched import BatchDecoder
         from .jobs.scheduler import BatchStream
 
-        requests = list(requests)
-        spec = batch_speculation(requests, SpeculationConfig.for_device(self.device.type))
-        jobs = [self._prepare(r, spec) for r in requests]
-        if not jobs:
-            raise ConfigError("stream_many needs at least one request")
-        capacity = max(len(j.prompt_ids) + j.transcript.stop.max_new_tokens for j in jobs)
-        decoder = BatchDecoder(self.model, self.heads, spec, min(batch_size, len(jobs)), capacity)
+        spec = batch_speculation([], spec or SpeculationConfig.for_device(self.device.type))
+        decoder = BatchDecoder(self.model, self.heads, spec, rows, longest)
         if self.parallel is not None and spec.candidates == "adaptive":
             decoder.timer = self.parallel.shared_timer(self.device)  # every rank must choose the same widths
-        return BatchStream(decoder, jobs, self.heads_source, self.threads)
+        return BatchStream(decoder, [], self.heads_source, self.threads)
+
+    def submit_to(self, stream: BatchStream, request: GenerationRequest) -> int:
+        """Check and queue `request` in an open batch -> its index there (errors as `stream` raises them)."""
+        spec = batch_speculation([request], stream.decoder.spec)
+        if request.mode != "ar" and spec != stream.decoder.spec:
+            raise ConfigError("the requests of one batch must share one speculation setting")
+        return stream.submit(self._prepare(request, stream.decoder.spec))
 
     def generate(
         self,

@@ -63,6 +63,7 @@ class BatchDecoder:
                 f"{heads.meta.gamma} levels from γ={heads.meta.gamma} heads; use a tree of at most that depth"
             )
         self.model, self.heads, self.spec, self.chunk = model, heads, spec, chunk
+        self.longest = capacity  # prompt + new tokens of the longest job a row can take
         self.capacity = capacity + spec.max_depth() + 1
         self.cache = BatchKVCache(
             model.cfg, rows, self.capacity + spec.max_nodes() + 1, device=model.device, dtype=model.dtype
@@ -151,8 +152,8 @@ class BatchDecoder:
         rows = max(s.row for s in seqs) + 1
         context = max(self.cache.lengths[:rows])
         t = self.timer.now()
-        if self.budget.calibrate_if_due(rows, context):
-            self.timer.add("calibrate", t)
+        if any(s.mode == "tokenswift" for s in seqs) and self.budget.calibrate_if_due(rows, context):
+            self.timer.add("calibrate", t)  # a batch of AR rows has nothing to choose
         t0 = self.timer.now()
         tries = [self._candidates(s) for s in seqs]
         choice = self.budget.select(tries, [reach(s.acceptance, tr) for s, tr in zip(seqs, tries)], rows, context)

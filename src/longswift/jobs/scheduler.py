@@ -17,6 +17,7 @@ from typing import Any
 from ..decode.batch_seq import Sequence
 from ..decode.batched import BatchDecoder
 from ..decode.transcript import Piece
+from ..errors import ConfigError
 from ..model.threads import ThreadChoice
 from .result import GenerationResult, PreparedJob, restore, result_of
 from .state import JobState
@@ -35,7 +36,8 @@ class BatchStream:
     """Iterate for `BatchPiece`s; each job's `GenerationResult` is in `results[index]` once it finished.
 
     Between two pieces every job is at a step boundary: `snapshot(index)` is a `JobState` that a later run
-    (batched or not) continues exactly.
+    (batched or not) continues exactly. A server keeps one stream open instead of iterating it: `submit` adds a
+    job at any time (it joins at the next step with a free row) and each `run_once` is one round of the loop.
     """
 
     def __init__(
@@ -45,17 +47,38 @@ class BatchStream:
         heads_source: str | None = None,
         threads: ThreadChoice | None = None,
     ) -> None:
-        self.decoder, self.jobs, self.heads_source, self.threads = decoder, jobs, heads_source, threads
-        self.results: list[GenerationResult | None] = [None] * len(jobs)
+        self.decoder, self.heads_source, self.threads = decoder, heads_source, threads
+        self.jobs: list[PreparedJob] = []
+        self.results: list[GenerationResult | None] = []
         self._seqs: dict[int, Sequence] = {}
-        self._resumed = [len(j.resume.generated_ids) if j.resume is not None else 0 for j in jobs]
-        self._waiting = deque(range(len(jobs)))
+        self._resumed: list[int] = []
+        self._waiting: deque[int] = deque()
         self._cancelled: set[int] = set()
         self.errors: dict[int, str] = {}  # jobs that failed (their text so far is in their result)
         self.wall_s = 0.0
-        for job in jobs:  # now, not at admission: a waiting job's snapshot must already be its resumed state
-            if job.resume is not None:
-                restore(job.resume, job.snapshot(), job.chooser.generator, job.transcript)
+        for job in jobs:
+            self.submit(job)
+
+    def submit(self, job: PreparedJob) -> int:
+        """Queue `job` (prepared by the engine, fitting the decoder's rows) -> its index."""
+        if len(job.prompt_ids) + job.transcript.stop.max_new_tokens > self.decoder.longest:
+            raise ConfigError(
+                f"a job of {len(job.prompt_ids) + job.transcript.stop.max_new_tokens:,} tokens does not fit "
+                f"this batch's rows of {self.decoder.longest:,}"
+            )
+        if job.resume is not None:  # now, not at admission: a waiting job's snapshot must be its resumed state
+            restore(job.resume, job.snapshot(), job.chooser.generator, job.transcript)
+        index = len(self.jobs)
+        self.jobs.append(job)
+        self.results.append(None)
+        self._resumed.append(len(job.resume.generated_ids) if job.resume is not None else 0)
+        self._waiting.append(index)
+        return index
+
+    @property
+    def pending(self) -> bool:
+        """Whether any job is waiting, prefilling or decoding."""
+        return bool(self._waiting) or self.decoder.busy
 
     def snapshot(self, index: int) -> JobState:
         return self.jobs[index].snapshot()
@@ -66,18 +89,23 @@ class BatchStream:
 
     def __iter__(self) -> Iterator[BatchPiece]:
         start = time.perf_counter()
-        decoder = self.decoder
-        while self._waiting or decoder.busy:
-            yield from self._admit()
-            yield from self._drop_cancelled()
-            decoder.prefill_chunk()
-            # Every job's tokens of this step reach its transcript before any piece is handed out, so at each
-            # yield every job is at a step boundary (what `snapshot` needs).
-            pieces = [self._push(seq, tokens) for seq, tokens in decoder.step().items()]
-            pieces += [self._fail(seq, error) for seq, error in decoder.take_failures()]
+        while self.pending:
+            pieces = self.run_once()
             self.wall_s = time.perf_counter() - start
-            yield from (p for p in pieces if p is not None)
-        self.wall_s = time.perf_counter() - start
+            yield from pieces
+
+    def run_once(self) -> list[BatchPiece]:
+        """One round: free rows to waiting jobs, drop cancelled ones, one prefill chunk, one batched step.
+
+        Every job's tokens of the step reach its transcript before the pieces are returned, so between rounds
+        every job is at a step boundary (what `snapshot` needs).
+        """
+        pieces = list(self._admit()) + list(self._drop_cancelled())
+        decoder = self.decoder
+        decoder.prefill_chunk()
+        stepped = [self._push(seq, tokens) for seq, tokens in decoder.step().items()]
+        stepped += [self._fail(seq, error) for seq, error in decoder.take_failures()]
+        return pieces + [p for p in stepped if p is not None]
 
     def _push(self, seq: Sequence, tokens: list[int]) -> BatchPiece | None:
         transcript = self.jobs[seq.key].transcript
