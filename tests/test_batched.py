@@ -191,3 +191,53 @@ def test_interrupted_batched_run_resumes_to_the_uninterrupted_text(tmp_path, tin
 def test_bad_batch_size_is_one_clear_line(tmp_path, tiny_llama, value):
     code, err = _generate_batch(tmp_path, tiny_llama, "bad", "--batch-size", value)
     assert code == 2 and "--batch-size" in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_a_batched_step_reads_the_device_once(tiny_llama, monkeypatch):
+    """Every device-to-host read a step makes (tolist, item, bool/int/float of a tensor) is counted: one per step,
+    whatever the batch holds (greedy and sampled rows, speculative and AR)."""
+    engine = engine_for(tiny_llama)
+    stream = engine.stream_many(mixed_requests(100)[:4], batch_size=4)
+    while stream.decoder.joining or not stream.decoder.active:  # prefill every row first (its reads are its own)
+        stream.run_once()
+    reads = {"n": 0}
+    for name in ("tolist", "item", "__bool__", "__int__", "__float__", "__index__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _original=original, **k):
+            reads["n"] += 1
+            return _original(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    decoder = stream.decoder
+    for _ in range(5):
+        before, steps = reads["n"], decoder.steps
+        decoder.step()
+        assert decoder.steps == steps + 1
+        assert reads["n"] - before == 1
+
+
+def test_jobs_cancelled_at_random_steps_leave_the_others_unchanged(tiny_llama):
+    """Rows leave mid-run (cancelled at random rounds) and waiting jobs join in their place; every job that ran to
+    its end is its alone text, and a cancelled one is a prefix of it."""
+    import random
+
+    engine = engine_for(tiny_llama)
+    requests = mixed_requests(120)
+    alone = [single(engine, r) for r in requests]
+    stream = engine.stream_many(requests, batch_size=3)
+    rng = random.Random(4)
+    cancel_at = {rng.randrange(5, 40): 1, rng.randrange(5, 60): 4}
+    rounds = 0
+    while stream.pending:
+        if rounds in cancel_at:
+            stream.cancel(cancel_at[rounds])
+        stream.run_once()
+        rounds += 1
+    for i, (ref, got) in enumerate(zip(alone, stream.results)):
+        assert got is not None
+        if i in cancel_at.values():
+            assert got.finish_reason == "cancelled"
+            assert ref.token_ids[: len(got.token_ids)] == got.token_ids
+        else:
+            assert_same(ref, got)
