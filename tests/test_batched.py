@@ -22,8 +22,13 @@ PAPER = SamplingConfig(temperature=1.0, min_p=0.1, repetition_penalty=1.2, penal
 
 
 @functools.cache
+def heads_for(path) -> str:
+    return random_heads(path, 0)
+
+
+@functools.cache
 def engine_for(path) -> longswift.Engine:
-    return longswift.load(path, heads=random_heads(path, 0), device="cpu", dtype="fp32")
+    return longswift.load(path, heads=heads_for(path), device="cpu", dtype="fp32")
 
 
 def mixed_requests(n: int) -> list[GenerationRequest]:
@@ -144,7 +149,7 @@ def _generate_batch(tmp_path, tiny_llama, name: str, *flags: str) -> tuple[int, 
     prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
     err = io.StringIO()
     argv = ["generate-batch", "--prompts", str(prompts), "--out-dir", str(tmp_path / name), "--model", str(tiny_llama)]
-    argv += ["--heads", random_heads(tiny_llama, 0), "--device", "cpu", "--dtype", "fp32", "--quiet"]
+    argv += ["--heads", heads_for(tiny_llama), "--device", "cpu", "--dtype", "fp32", "--quiet"]
     argv += ["--max-new-tokens", "30", "--temperature", "1", "--min-p", "0.1", "--seed", "1", "--threads", "1", *flags]
     code = main(argv, out=io.StringIO(), err=err)
     return code, err.getvalue()
@@ -241,3 +246,25 @@ def test_jobs_cancelled_at_random_steps_leave_the_others_unchanged(tiny_llama):
             assert ref.token_ids[: len(got.token_ids)] == got.token_ids
         else:
             assert_same(ref, got)
+
+
+def test_dry_run_plans_the_whole_batch_and_a_batch_too_big_is_refused_before_loading(tmp_path, tiny_llama, monkeypatch):
+    from longswift.config import ModelConfig
+    from longswift.jobs.memory import plan_memory
+    from longswift.model.checkpoint import read_config
+
+    cfg: ModelConfig = read_config(tiny_llama)
+    one = plan_memory(cfg, torch.float32, torch.device("cpu"), 100, 900, SPEC)
+    eight = plan_memory(cfg, torch.float32, torch.device("cpu"), 100, 900, SPEC, rows=8)
+    assert eight.kv_cache == 8 * one.kv_cache and eight.partial_cache == 0 and eight.verification > one.verification
+    code, err = _generate_batch(tmp_path, tiny_llama, "plan", "--batch-size", "4", "--dry-run")
+    assert code == 0, err
+    assert not (tmp_path / "plan").exists()  # nothing written, nothing loaded
+    from longswift.jobs import memory
+
+    heads_for(tiny_llama)
+    need = plan_memory(cfg, torch.float32, torch.device("cpu"), 40, 40, SPEC, rows=4).total
+    monkeypatch.setattr(memory, "_available", lambda device: need - 1)
+    monkeypatch.setattr("longswift.model.checkpoint.Checkpoint.load_model", lambda *a, **k: pytest.fail("loaded"))
+    code, err = _generate_batch(tmp_path, tiny_llama, "big", "--batch-size", "4")
+    assert code != 0 and "--batch-size" in err and err.count("\n") == 1, err

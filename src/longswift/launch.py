@@ -69,11 +69,13 @@ class Launch:
         """The prompt's length by the model's tokenizer (the memory plan needs it before any weight is loaded)."""
         return len(self.checkpoint.load_tokenizer()(prompt)["input_ids"])
 
-    def check_memory(self, prompt_tokens: int, max_new_tokens: int, spec: SpeculationConfig | None) -> None:
-        """Refuse a job whose weights, caches and buffers would not fit this device (`spec` None: an AR job)."""
-        plan_memory(
-            self.checkpoint.config, self.dtype, self.device, prompt_tokens, max_new_tokens, spec, self.cfg.tp
-        ).check()
+    def check_memory(
+        self, prompt_tokens: int, max_new_tokens: int, spec: SpeculationConfig | None, rows: int = 1
+    ) -> None:
+        """Refuse a job (or `rows` jobs decoded together) whose weights, caches and buffers would not fit this
+        device (`spec` None: AR)."""
+        cfg = self.checkpoint.config
+        plan_memory(cfg, self.dtype, self.device, prompt_tokens, max_new_tokens, spec, self.cfg.tp, rows).check()
 
     def start(self, layout: Layout) -> TensorParallel | None:
         """Start this rank's tensor-parallel group (None for a single process)."""

@@ -67,8 +67,11 @@ def shared_stop(
     return lambda: parallel.any(requested(), device)
 
 
-def dry_run(args: argparse.Namespace, model_dir: Path, prompt: str, spec: SpeculationConfig | None) -> str:
-    """The memory plan from config.json alone (no weights needed), per rank for --tp, and which --tp fits."""
+def dry_run(
+    args: argparse.Namespace, model_dir: Path, prompt: str, spec: SpeculationConfig | None, rows: int = 1
+) -> str:
+    """The memory plan from config.json alone (no weights needed), per rank for --tp, and which --tp fits;
+    `rows` jobs decoded together (generate-batch --batch-size)."""
     from ..jobs.memory import fits_table, plan_memory
     from ..model.checkpoint import read_config
     from ..model.device import resolve_device, resolve_dtype
@@ -80,12 +83,12 @@ def dry_run(args: argparse.Namespace, model_dir: Path, prompt: str, spec: Specul
     prompt_len, note = _prompt_tokens(model_dir, prompt)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    plan = plan_memory(cfg, dtype, device, prompt_len, args.max_new_tokens, spec, args.tp)
+    plan = plan_memory(cfg, dtype, device, prompt_len, args.max_new_tokens, spec, args.tp, rows)
     sizes = [n for n in valid_splits(cfg) if n & (n - 1) == 0]  # powers of two: GPUs per machine
     return "\n".join(
         [
             plan.describe(),
-            fits_table(cfg, dtype, device, prompt_len, args.max_new_tokens, spec, sizes),
+            fits_table(cfg, dtype, device, prompt_len, args.max_new_tokens, spec, sizes, rows),
             f"  (prompt: {note}; embeddings are {_embedding_share(cfg):.1%} of the weights, split by vocabulary)",
         ]
     )
@@ -129,6 +132,11 @@ def add_generate_batch(p: argparse.ArgumentParser) -> None:
         "nodes, or one per node: each group writes its own jobs)",
     )
     p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the memory plan of --batch-size jobs of the longest prompt decoded together, and exit",
+    )
+    p.add_argument(
         "--batch-size",
         type=_batch_size,
         default=1,
@@ -155,6 +163,7 @@ def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
     from ..jobs.batch import BatchOptions, BatchRunner, check_out_dir, read_prompts, share, write_results
     from ..jobs.batch_many import run_batch
     from ..launch import Launch
+    from ..model.checkpoint import model_dir_or_default
     from .job import EXIT_INTERRUPTED, StopOnSignal
     from .options import launch_from, request_from, sampling_from, speculation_from
 
@@ -162,7 +171,17 @@ def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
         check_job_flags(args)
         sampling, speculation = sampling_from(args), speculation_from(args, args.device)
         items = read_prompts(args.prompts)
+        spec = None if args.mode == "ar" else speculation
+        rows = min(args.batch_size, max(len(items), 1))
+        longest = max((i.prompt for i in items if i.error is None), key=len, default="")
+        longest_new = max([i.max_new_tokens or args.max_new_tokens for i in items] or [args.max_new_tokens])
+        if args.dry_run:
+            plan_args = argparse.Namespace(**{**vars(args), "max_new_tokens": longest_new})
+            out.write(dry_run(plan_args, model_dir_or_default(args.model), longest, spec, rows) + "\n")
+            return 0
         launch = Launch(launch_from(args))
+        if rows > 1 and longest:  # a batch that cannot fit is refused before any weight is loaded
+            launch.check_memory(launch.prompt_tokens(longest), longest_new, spec, rows)
         layout = layout_from_env(args.tp)
         if layout.is_lead:
             check_out_dir(args.out_dir, args.prompts)

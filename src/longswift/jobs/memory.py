@@ -28,6 +28,7 @@ class MemoryPlan:
     partial_cache: int
     verification: int
     available: int | None
+    rows: int = 1  # sequences decoded together (generate-batch --batch-size): caches and buffers are for all
 
     @property
     def total(self) -> int:
@@ -42,7 +43,10 @@ class MemoryPlan:
             ("total", self.total),
         ]
         per_rank = f" per rank of --tp {self.tp}" if self.tp > 1 else ""
-        lines = [f"memory plan on {self.device}{per_rank}:"] + [f"  {name:<22}{_gib(size)}" for name, size in rows]
+        batch = f" for {self.rows} sequences decoded together" if self.rows > 1 else ""
+        lines = [f"memory plan on {self.device}{per_rank}{batch}:"] + [
+            f"  {name:<22}{_gib(size)}" for name, size in rows
+        ]
         lines.append(f"  {'available':<22}{_gib(self.available) if self.available is not None else 'unknown'}")
         return "\n".join(lines)
 
@@ -52,7 +56,9 @@ class MemoryPlan:
             raise ConfigError(
                 f"this job needs about {_gib(self.total).strip()} on {self.device} (weights "
                 f"{_gib(self.weights).strip()}, KV cache {_gib(self.kv_cache).strip()}) but only "
-                f"{_gib(self.available).strip()} is available; lower --max-new-tokens or use bf16"
+                f"{_gib(self.available).strip()} is available; lower --max-new-tokens"
+                + (" or --batch-size" if self.rows > 1 else "")
+                + " or use bf16"
             )
 
 
@@ -64,8 +70,12 @@ def plan_memory(
     max_new_tokens: int,
     spec: SpeculationConfig | None,
     tp: int = 1,
+    rows: int = 1,
 ) -> MemoryPlan:
     """Estimate for a job of `prompt_len` + `max_new_tokens`; `spec` None means plain AR decoding.
+
+    `rows` > 1: that many such jobs decoded together (decode/batched.py): one cache row each, no partial cache
+    (batches draft fused), and one verification forward over every row with its per-row attention bias.
 
     `tp` > 1: what one rank of a tensor-parallel group needs (parallel/tensor.py: 1/tp of the heads, KV heads, MLP
     and vocabulary rows; norms and draft heads replicated; full logits after the gather).
@@ -74,15 +84,19 @@ def plan_memory(
     per_row = cfg.num_layers * 2 * (cfg.num_kv_heads // tp) * cfg.head_dim * size  # keys + values of one token
     nodes = spec.max_nodes() if spec else 1
     context = prompt_len + max_new_tokens + nodes
-    partial = per_row * (spec.kv_budget + spec.max_depth() + 2) if spec else 0
+    partial = per_row * (spec.kv_budget + spec.max_depth() + 2) if spec and rows == 1 else 0
+    verification = _verification(cfg, nodes * rows, context, tp)
+    if rows > 1:  # the batch's fp32 bias, tiled over each KV head's query group
+        verification += rows * cfg.group_size * nodes * context * 4
     return MemoryPlan(
         str(device),
         tp,
         _weights(cfg, tp) * size,
-        per_row * context,
+        per_row * context * rows,
         partial,
-        _verification(cfg, nodes, context, tp),
+        verification,
         _available(device),
+        rows,
     )
 
 
@@ -109,12 +123,13 @@ def fits_table(
     max_new_tokens: int,
     spec: SpeculationConfig | None,
     sizes: list[int],
+    rows: int = 1,
 ) -> str:
     """One line per tensor-parallel size: the per-rank total and whether it fits this device's free memory."""
     lines = ["per-rank totals by --tp (each rank on its own device like this one):"]
     fitting = []
     for n in sizes:
-        plan = plan_memory(cfg, dtype, device, prompt_len, max_new_tokens, spec, n)
+        plan = plan_memory(cfg, dtype, device, prompt_len, max_new_tokens, spec, n, rows)
         ok = plan.available is None or plan.total <= plan.available
         fitting += [n] if ok else []
         verdict = "unknown" if plan.available is None else ("fits" if ok else "does not fit")
