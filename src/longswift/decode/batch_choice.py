@@ -2,7 +2,8 @@
 
 In single-sequence TokenSwift the walk asks the chooser for one node at a time, and each answer is a host read
 (a GPU sync). Here every node of every sequence is decided up front, with exactly the arithmetic of
-`TokenChooser.choose` (the same `penalise`, `warp` and inverse-CDF draw), so the walk is a lookup:
+`TokenChooser.choose` (the same `penalise`, `warp` and inverse-CDF draw, elementwise or row by row), so the walk
+is a lookup:
 
 - greedy: the argmax of the node's penalised logits;
 - sampled: the walk visits one node per depth, and AR would consume one uniform per token, so the uniform of
@@ -10,12 +11,15 @@ In single-sequence TokenSwift the walk asks the chooser for one node at a time, 
   walk the generator is rewound and advanced by exactly the number of tokens emitted (`Uniforms.settle`), so the
   stream of draws is AR's, token for token.
 
-Each node's penalty window is the last W ids of (decided ids + the candidate path to the node), built from the
-sequence's window counts plus the path tokens minus the ones they push out of the window.
+Each node's penalty window is the last W ids of (decided ids + the candidate path to the node): the row's window
+counts (`WindowCounts`, kept on the device and updated once per step for the whole batch) plus the path tokens
+minus the decided ones they push out of the window. The work per step is a fixed number of tensor operations
+for the whole batch, plus one `warp` per distinct sampling setting among the sampled rows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 import torch
@@ -23,72 +27,147 @@ from torch import Tensor
 
 from ..config import SamplingConfig
 from .sampling import penalise, warp
+from .tree import Trie
+
+
+class WindowCounts:
+    """(rows, V + 1) int32: how often each id occurs in each row's penalty window (column V is padding)."""
+
+    def __init__(self, rows: int, vocab: int, device: torch.device) -> None:
+        self.vocab = vocab
+        self.counts = torch.zeros(rows, vocab + 1, dtype=torch.int32, device=device)
+
+    def reset(self, row: int, context: Tensor, window: int) -> None:
+        """Row `row` now holds a sequence whose decided ids are `context` (n,) with a window of W (0: all)."""
+        ids = context if window == 0 or context.shape[0] <= window else context[-window:]
+        self.counts[row].zero_().index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+
+    def update(self, entering: list[tuple[int, list[int]]], leaving: list[tuple[int, list[int]]]) -> None:
+        """Ids (per row) that entered and left the windows this step: two index-adds for the whole batch."""
+        width = self.vocab + 1
+        flat = self.counts.view(-1)
+        for changes, sign in ((entering, 1), (leaving, -1)):
+            index = [row * width + t for row, ids in changes for t in ids]
+            if index:
+                at = torch.tensor(index, device=flat.device)
+                flat.index_add_(0, at, torch.full((len(index),), sign, dtype=torch.int32, device=flat.device))
+
+
+def window_change(decided: list[int], added: int, window: int) -> list[int]:
+    """The ids that leave a window of W when `added` ids join the end of `decided` (which already holds them)."""
+    if window == 0:
+        return []
+    before, after = len(decided) - added, len(decided)
+    return decided[max(0, before - window) : max(0, after - window)]
 
 
 @dataclass(frozen=True)
-class NodeWindows:
-    """Per-node penalty windows of one sequence as index tensors (n, d) padded with V (a discarded column)."""
+class NodeTable:
+    """Every node of a batched step, flat: its row, depth, penalty, and the ids its path adds to and pushes out
+    of its row's window, as (n, d) index tensors padded with V."""
 
-    added: Tensor  # the path tokens below the root (they enter the window)
-    dropped: Tensor  # the oldest decided tokens the path pushes out of a full window
-
-
-def node_windows(
-    decided: list[int], paths: list[list[int]], window: int, vocab: int, device: torch.device
-) -> NodeWindows:
-    """decided: the sequence's ids; paths[i]: candidate tokens from the root's child down to node i."""
-    depth = max((len(p) for p in paths), default=0)
-    width = max(depth, 1)
-    base = len(decided) if window == 0 else min(len(decided), window)
-    oldest = decided[len(decided) - base :] if base else []
-    added, dropped = [], []
-    for path in paths:
-        d = len(path)
-        out = max(0, base + d - window) if window else 0  # tokens leaving a window of W
-        added.append(path + [vocab] * (width - d))
-        dropped.append(oldest[:out] + [vocab] * (width - out))
-    return NodeWindows(torch.tensor(added, device=device), torch.tensor(dropped, device=device))
+    rows: Tensor
+    depths: Tensor
+    penalty: Tensor  # (n, 1) fp32
+    added: Tensor
+    dropped: Tensor
+    penalised: bool  # whether any node has a penalty other than 1
 
 
-def window_counts(context: Tensor, window: int, vocab: int) -> Tensor:
-    """context (n,) decided ids -> (V + 1,) counts of each id in the last W (all when W == 0)."""
-    ids = context if window == 0 or context.shape[0] <= window else context[-window:]
-    counts = torch.zeros(vocab + 1, dtype=torch.int32, device=context.device)
-    return counts.index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+def node_table(
+    decided: Seq[list[int]],
+    tries: Seq[Trie],
+    cfgs: Seq[SamplingConfig],
+    rows: Seq[int],
+    vocab: int,
+    device: torch.device,
+) -> NodeTable:
+    """decided[i]: sequence i's ids (its root last), tries[i] its trie, cfgs[i] its sampling, rows[i] its row."""
+    row_of, depth, penalty, added, dropped = [], [], [], [], []
+    for ids, trie, cfg, row in zip(decided, tries, cfgs, rows):
+        w = cfg.penalty_window
+        base = len(ids) if w == 0 else min(len(ids), w)
+        oldest = ids[len(ids) - base :]
+        for v in range(len(trie)):
+            path = [trie.tokens[n] for n in trie.path(v)]
+            out = max(0, base + len(path) - w) if w else 0
+            added.append(path)
+            dropped.append(oldest[:out])
+        row_of += [row] * len(trie)
+        depth += trie.depths
+        penalty += [cfg.repetition_penalty] * len(trie)
+    d = max(1, max((len(p) for p in added), default=0))
+    pad = [p + [vocab] * (d - len(p)) for p in added], [p + [vocab] * (d - len(p)) for p in dropped]
+    return NodeTable(
+        torch.tensor(row_of, device=device),
+        torch.tensor(depth, device=device),
+        torch.tensor(penalty, dtype=torch.float32, device=device)[:, None],
+        torch.tensor(pad[0], device=device),
+        torch.tensor(pad[1], device=device),
+        any(p != 1.0 for p in penalty),
+    )
 
 
-def node_presence(counts: Tensor, windows: NodeWindows) -> Tensor:
-    """(V + 1,) window counts -> (n, V) bool: which ids each node's own window holds."""
-    n = windows.added.shape[0]
-    one = torch.ones(windows.added.shape, dtype=torch.int32, device=counts.device)
-    per_node = counts.expand(n, -1).clone()
-    per_node.scatter_add_(1, windows.added, one).scatter_add_(1, windows.dropped, -one)
+def node_presence(counts: WindowCounts, table: NodeTable) -> Tensor:
+    """(n, V) bool: which ids each node's own penalty window holds."""
+    per_node = counts.counts[table.rows]  # a copy: (n, V + 1)
+    one = torch.ones(table.added.shape, dtype=torch.int32, device=per_node.device)
+    per_node.scatter_add_(1, table.added, one).scatter_add_(1, table.dropped, -one)
     return per_node[:, :-1] > 0
 
 
-def greedy_choices(logits: Tensor, present: Tensor | None, penalty: float) -> tuple[Tensor, Tensor]:
-    """logits (n, V) -> (tokens (n,), ok (n,) bool: the row was finite)."""
-    scores = logits if present is None else penalise(logits, present, penalty)
-    best, index = scores.max(-1)
-    return index, torch.isfinite(best)
+def penalised_logits(logits: Tensor, present: Tensor | None, table: NodeTable) -> Tensor:
+    """Every node's logits after its own row's repetition penalty (`penalise`, elementwise: as one row alone)."""
+    if present is None or not table.penalised:
+        return logits
+    return penalise(logits, present, table.penalty)
 
 
-def sampled_choices(
-    logits: Tensor, present: Tensor | None, cfg: SamplingConfig, uniforms: Tensor, depths: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    """logits (n, V), uniforms (D+1,), depths (n,) -> (tokens (n,), ok (n,), probabilities (n, V)).
+def sampled_choices(scores: Tensor, cfg: SamplingConfig, uniforms: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """scores (n, V) penalised, uniforms (n,) each node's draw -> (tokens (n,), ok (n,), probabilities (n, V)).
 
-    The same penalty, warp and inverse-CDF draw as `TokenChooser.choose`, row by row.
+    The same warp and inverse-CDF draw as `TokenChooser.choose`, row by row.
     """
-    if present is not None:
-        logits = penalise(logits, present, cfg.repetition_penalty)
-    probs = warp(logits, cfg).softmax(-1)
+    probs = warp(scores, cfg).softmax(-1)
     cdf = probs.double().cumsum(-1)
     total = cdf[:, -1]
-    x = uniforms.to(probs.device)[depths] * total
+    x = uniforms.to(probs.device) * total
     tokens = torch.searchsorted(cdf, x[:, None], right=True)[:, 0]
     ok = torch.isfinite(total) & (total > 0) & (tokens < probs.shape[-1])
     return tokens.clamp(max=probs.shape[-1] - 1), ok, probs
+
+
+def last_accepted(choice: Tensor, tries: Seq[Trie], offsets: Seq[int]) -> Tensor:
+    """choice (n,) every node's target choice; tries[j] at offsets[j] -> (len(tries),) the flat index of each
+    trie's deepest accepted node, found on the device (the walk itself, as tensor operations): a node is accepted
+    when its parent is and it carries its parent's choice."""
+    device = choice.device
+    parents: list[int] = []
+    tokens: list[int] = []
+    depths: list[int] = []
+    owner: list[int] = []
+    flat: list[int] = []
+    for j, (trie, offset) in enumerate(zip(tries, offsets)):  # these tries' nodes, concatenated
+        start = len(flat)
+        parents.extend(start + max(p, 0) for p in trie.parents)
+        tokens.extend(trie.tokens)
+        depths.extend(trie.depths)
+        owner.extend([j] * len(trie))
+        flat.extend(range(offset, offset + len(trie)))
+    index = torch.tensor(flat, device=device)
+    parent = torch.tensor(parents, device=device)
+    depth = torch.tensor(depths, device=device)
+    token = torch.tensor(tokens, device=device)
+    mine = choice[index]
+    accepted = depth == 0
+    for d in range(1, max(depths) + 1):
+        accepted = accepted | ((depth == d) & accepted[parent] & (token == mine[parent]))
+    order = torch.arange(index.shape[0], device=device)
+    # parents precede children, so the highest accepted index of a trie is its deepest accepted node
+    last = torch.full((len(tries),), -1, dtype=torch.long, device=device).scatter_reduce(
+        0, torch.tensor(owner, device=device), torch.where(accepted, order, -1), "amax"
+    )
+    return index[last]
 
 
 class Uniforms:

@@ -27,13 +27,22 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from ..config import SpeculationConfig
+from ..config import SamplingConfig, SpeculationConfig
 from ..errors import ConfigError, NumericalError
 from ..model.batch_cache import BatchKVCache, batch_bias
 from ..model.heads import DraftHeads
 from ..model.transformer import Transformer, Visibility
 from .batch_budget import BatchBudget
-from .batch_choice import greedy_choices, node_presence, node_windows, sampled_choices, window_counts
+from .batch_choice import (
+    NodeTable,
+    WindowCounts,
+    last_accepted,
+    node_presence,
+    node_table,
+    penalised_logits,
+    sampled_choices,
+    window_change,
+)
 from .batch_seq import Sequence
 from .candidates import candidate_trie
 from .controller import reach
@@ -78,6 +87,7 @@ class BatchDecoder:
         self.rows_per_step = 0
         self.width_sum = 0
         self._failed: list[tuple[Sequence, Exception]] = []
+        self.counts = WindowCounts(rows, model.cfg.vocab_size, model.device)  # every row's penalty window
 
     @property
     def busy(self) -> bool:
@@ -98,6 +108,7 @@ class BatchDecoder:
         seq.row = self.free.pop(0)  # the lowest free row: forwards cover rows [0, highest active]
         seq.context.extend(ids)
         seq.ngrams.add(ids)
+        self.counts.reset(seq.row, seq.context.ids(), seq.chooser.cfg.penalty_window)
         seq.to_prefill = ids[:-1]  # the last id is the first root, fed by the first step
         self.joining.append(seq)
 
@@ -151,12 +162,15 @@ class BatchDecoder:
             return {}
         rows = max(s.row for s in seqs) + 1
         context = max(self.cache.lengths[:rows])
+        # Costs are timed for a power-of-two number of rows (at most log2(rows) + 1 calibrations while a batch
+        # fills up); the forward itself covers only `rows` rows.
+        priced = min(1 << (rows - 1).bit_length(), self.cache.rows)
         t = self.timer.now()
-        if any(s.mode == "tokenswift" for s in seqs) and self.budget.calibrate_if_due(rows, context):
+        if any(s.mode == "tokenswift" for s in seqs) and self.budget.calibrate_if_due(priced, context):
             self.timer.add("calibrate", t)  # a batch of AR rows has nothing to choose
         t0 = self.timer.now()
         tries = [self._candidates(s) for s in seqs]
-        choice = self.budget.select(tries, [reach(s.acceptance, tr) for s, tr in zip(seqs, tries)], rows, context)
+        choice = self.budget.select(tries, [reach(s.acceptance, tr) for s, tr in zip(seqs, tries)], priced, context)
         hidden = self._verify_forward(seqs, choice.tries, choice.width, rows)
         t1 = self.timer.add("verify", t0)
         tokens, accepted = self._decide(seqs, choice.tries, hidden, choice.width)
@@ -166,7 +180,7 @@ class BatchDecoder:
                 continue  # failed: reported by take_failures
             seq.after_step(candidates, verified, accepted[seq], tokens[seq])
             seq.timer.totals["decode"] = seq.timer.totals.get("decode", 0.0) + t2 - t0
-        self.budget.measured(rows, choice.width, context, t2 - t0)
+        self.budget.measured(priced, choice.width, context, t2 - t0)
         self.steps += 1
         self.rows_per_step += len(seqs)
         self.width_sum += choice.width
@@ -211,33 +225,17 @@ class BatchDecoder:
             offsets.append(len(flat))
             flat.extend(seq.row * width + i for i in range(len(trie)))
         nodes = hidden.reshape(-1, hidden.shape[-1])[torch.tensor(flat, device=device)]
-        logits = self.model.logits(nodes)
-        vocab = logits.shape[-1]
-        chosen, ok, presences, tops = [], [], [], []
-        for seq, trie, off in zip(seqs, tries, offsets):
-            block = logits[off : off + len(trie)]
-            cfg = seq.chooser.cfg
-            present = None
-            if cfg.repetition_penalty != 1.0:
-                counts = window_counts(seq.context.ids(), cfg.penalty_window, vocab)
-                paths = [[trie.tokens[n] for n in trie.path(v)] for v in range(len(trie))]
-                windows = node_windows(seq.context.host, paths, cfg.penalty_window, vocab, device)
-                present = node_presence(counts, windows)
-            presences.append(present)
-            if cfg.greedy:
-                c, k = greedy_choices(block, present, cfg.repetition_penalty)
-            else:
-                assert seq.uniforms is not None
-                u = seq.uniforms.draw(trie.max_depth() + 1)
-                c, k, probs = sampled_choices(block, present, cfg, u, torch.tensor(trie.depths, device=device))
-                if seq.chooser.tops is not None:
-                    kk = min(seq.chooser.tops.k, vocab)
-                    tops.append((seq, probs.amax(-1, keepdim=True) if kk == 1 else probs.topk(kk, -1).values))
-            chosen.append(c)
-            ok.append(k)
-        choice = torch.cat(chosen)
-        drafts = self._drafts(seqs, tries, offsets, nodes, choice, presences)
-        parts = [choice.double(), torch.cat(ok).double()] + [d.double().flatten() for d in drafts]
+        table = node_table(
+            [s.context.host for s in seqs], tries, [s.chooser.cfg for s in seqs], [s.row for s in seqs],
+            self.counts.vocab, device,
+        )  # fmt: skip
+        present = node_presence(self.counts, table) if table.penalised else None
+        scores = penalised_logits(self.model.logits(nodes), present, table)
+        best, choice = scores.max(-1)  # the greedy rows' choices (sampled rows' are replaced below)
+        ok = torch.isfinite(best)
+        tops = self._sample(seqs, tries, offsets, scores, table, choice, ok)
+        drafts = self._drafts(seqs, tries, offsets, nodes, choice, present, table)
+        parts = [choice.double(), ok.double()] + [d.double().flatten() for d in drafts]
         values = torch.cat(parts).tolist()  # the step's one host read
         self.host_reads += 1
         n = choice.shape[0]
@@ -245,7 +243,7 @@ class BatchDecoder:
         draft_values = values[2 * n :]
         out: dict[Sequence, list[int]] = {}
         accepted: dict[Sequence, list[int]] = {}
-        spec_seqs = [s for s in seqs if s.mode == "tokenswift"]
+        entering, leaving = [], []
         for seq, trie, off in zip(seqs, tries, offsets):
             result = walk(trie, partial(_lookup, host_choice, off))
             visited = [0] + result.nodes
@@ -255,16 +253,62 @@ class BatchDecoder:
             self.cache.commit_row(seq.row, visited)
             if seq.uniforms is not None:
                 seq.uniforms.settle(len(result.tokens))
-            for tseq, values_ in tops:
-                if tseq is seq:
-                    assert seq.chooser.tops is not None
-                    for v in visited:
-                        seq.chooser.tops.add_row(values_[v])
+            if seq in tops:
+                record = seq.chooser.tops
+                assert record is not None
+                for v in visited:
+                    record.add_row(tops[seq][v])
+            window = seq.chooser.cfg.penalty_window
+            entering.append((seq.row, result.tokens))
+            leaving.append((seq.row, window_change(seq.context.host + result.tokens, len(result.tokens), window)))
             out[seq], accepted[seq] = result.tokens, result.nodes
+        self.counts.update(entering, leaving)
+        spec_seqs = [s for s in seqs if s.mode == "tokenswift"]
         for i, seq in enumerate(spec_seqs):
             if seq in out:
                 seq.draft = self._unpack_draft(draft_values, i, len(spec_seqs))
         return out, accepted
+
+    def _sample(
+        self,
+        seqs: list[Sequence],
+        tries: list[Trie],
+        offsets: list[int],
+        scores: Tensor,
+        table: NodeTable,
+        choice: Tensor,
+        ok: Tensor,
+    ) -> dict[Sequence, Tensor]:
+        """The sampled rows' choices into `choice` / `ok`, one warp per distinct sampling setting -> each recording
+        sequence's top probabilities per node (for the bounds)."""
+        groups: dict[SamplingConfig, list[int]] = {}
+        for i, seq in enumerate(seqs):
+            if not seq.chooser.cfg.greedy:
+                groups.setdefault(seq.chooser.cfg, []).append(i)
+        tops: dict[Sequence, Tensor] = {}
+        device = scores.device
+        for cfg, members in groups.items():
+            index: list[int] = []
+            uniforms: list[Tensor] = []
+            for i in members:
+                uniforms_i = seqs[i].uniforms
+                assert uniforms_i is not None, "a sampling chooser has a generator"
+                u = uniforms_i.draw(tries[i].max_depth() + 1)
+                uniforms.append(u[torch.tensor(tries[i].depths)])
+                index.extend(range(offsets[i], offsets[i] + len(tries[i])))
+            at = torch.tensor(index, device=device)
+            tokens, fine, probs = sampled_choices(scores[at], cfg, torch.cat(uniforms))
+            choice.index_copy_(0, at, tokens)
+            ok.index_copy_(0, at, fine)
+            start = 0
+            for i in members:
+                record, n = seqs[i].chooser.tops, len(tries[i])
+                if record is not None:
+                    block = probs[start : start + n]
+                    k = min(record.k, block.shape[-1])
+                    tops[seqs[i]] = block.amax(-1, keepdim=True) if k == 1 else block.topk(k, -1).values
+                start += n
+        return tops
 
     def _drafts(
         self,
@@ -273,49 +317,19 @@ class BatchDecoder:
         offsets: list[int],
         nodes: Tensor,
         choice: Tensor,
-        presences: list[Tensor | None],
+        present: Tensor | None,
+        table: NodeTable,
     ) -> list[Tensor]:
         """The heads' top tokens per depth from each speculative sequence's last accepted node -> [probs, ids]
         (depths, S, width), computed before the walk is read: the accepted nodes are found on the device."""
         spec = [i for i, s in enumerate(seqs) if s.mode == "tokenswift"]
         if not spec or self.heads is None:
             return []
-        device = nodes.device
-        parents: list[int] = []
-        tokens: list[int] = []
-        depths: list[int] = []
-        owner: list[int] = []
-        flat: list[int] = []
-        for j, i in enumerate(spec):  # the speculative sequences' nodes, concatenated
-            trie, start = tries[i], len(flat)
-            parents.extend(start + max(p, 0) for p in trie.parents)
-            tokens.extend(trie.tokens)
-            depths.extend(trie.depths)
-            owner.extend([j] * len(trie))
-            flat.extend(range(offsets[i], offsets[i] + len(trie)))
-        index = torch.tensor(flat, device=device)
-        parent = torch.tensor(parents, device=device)
-        depth = torch.tensor(depths, device=device)
-        token = torch.tensor(tokens, device=device)
-        mine = choice[index]
-        accepted = depth == 0  # a node is accepted when its parent is and carries the parent's choice
-        for d in range(1, max(depths) + 1):
-            accepted = accepted | ((depth == d) & accepted[parent] & (token == mine[parent]))
-        order = torch.arange(index.shape[0], device=device)
-        # parents precede children, so the highest accepted index of a sequence is its deepest accepted node
-        last = torch.full((len(spec),), -1, dtype=torch.long, device=device).scatter_reduce(
-            0, torch.tensor(owner, device=device), torch.where(accepted, order, -1), "amax"
-        )
-        last_flat = index[last]
+        last_flat = last_accepted(choice, [tries[i] for i in spec], [offsets[i] for i in spec])
         logits = self.heads.logits(self.model, nodes[last_flat], base=False)[: len(self.spec.tree)]  # (depths, S, V)
-        rows = []
-        for j, i in enumerate(spec):
-            row, present = logits[:, j], presences[i]
-            if present is not None:  # the penalty window of the last accepted node (drafts never change the text)
-                local = (last_flat[j] - offsets[i])[None]
-                row = penalise(row, present.index_select(0, local), seqs[i].chooser.cfg.repetition_penalty)
-            rows.append(row)
-        probs, ids = torch.stack(rows, 1).softmax(-1).topk(max(self.spec.tree), dim=-1)
+        if present is not None:  # the penalty window of the last accepted node (drafts never change the text)
+            logits = penalise(logits, present[last_flat][None], table.penalty[last_flat][None])
+        probs, ids = logits.softmax(-1).topk(max(self.spec.tree), dim=-1)
         return [probs, ids]
 
     def _unpack_draft(self, values: list[float], i: int, count: int) -> Draft:

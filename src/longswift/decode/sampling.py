@@ -31,10 +31,11 @@ def apply_penalty(logits: Tensor, window: Tensor, penalty: float) -> Tensor:
     return penalise(logits, present, penalty)
 
 
-def penalise(logits: Tensor, present: Tensor, penalty: float) -> Tensor:
+def penalise(logits: Tensor, present: Tensor, penalty: float | Tensor) -> Tensor:
     """logits (..., V), present (..., V) bool (broadcastable) -> the CTRL penalty applied where present.
 
-    The one formula behind `apply_penalty` and batched decoding's per-node windows (decode/batch_choice.py).
+    The one formula behind `apply_penalty` and batched decoding's per-node windows (decode/batch_choice.py), where
+    `penalty` is a (n, 1) column of each row's own penalty (1.0 leaves a row exactly as it is).
     """
     return torch.where(present, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
 
