@@ -329,14 +329,16 @@ def _unfinished(out: Path) -> list[Path]:
 
 
 @pytest.mark.slow
-def test_batch_with_tp2_groups_equals_one_process(tiny_llama, tmp_path):
-    """generate-batch combined with --tp: one group of 2 ranks runs every job; outputs as a single process's."""
+@pytest.mark.parametrize("batched", [[], ["--batch-size", "3"]], ids=["one-at-a-time", "batch-size-3"])
+def test_batch_with_tp2_groups_equals_one_process(tiny_llama, tmp_path, batched):
+    """generate-batch combined with --tp: one group of 2 ranks runs every job; outputs as a single process's,
+    also when the group decodes 3 jobs together."""
     heads = random_heads(tiny_llama, 0)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({**p, "max_new_tokens": 150}) + "\n" for p in BATCH), encoding="utf-8")
     ref, out = tmp_path / "ref", tmp_path / "out"
     assert main(batch_argv(tiny_llama, heads, prompts, ref), out=io.StringIO(), err=io.StringIO()) == 0
-    run_ok(torchrun("-m", "longswift", *batch_argv(tiny_llama, heads, prompts, out), "--tp", "2"))
+    run_ok(torchrun("-m", "longswift", *batch_argv(tiny_llama, heads, prompts, out), "--tp", "2", *batched))
     lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [("error" in line) for line in lines] == [False, False, True, False, False]
     for line in lines:
