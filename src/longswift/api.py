@@ -135,6 +135,8 @@ class Engine:
 
     def _start(self, req: GenerationRequest) -> GenerationStream:
         job = self._prepare(req)
+        if self.threads.source != "torch" and torch.get_num_threads() != self.threads.threads:
+            torch.set_num_threads(self.threads.threads)  # a batch may have chosen another count for its size
         decoder = self._decoder(
             job.mode,
             job.chooser,
@@ -194,7 +196,10 @@ class Engine:
         decoder = BatchDecoder(self.model, self.heads, spec, rows, longest)
         if self.parallel is not None and spec.candidates == "adaptive":
             decoder.timer = self.parallel.shared_timer(self.device)  # every rank must choose the same widths
-        return BatchStream(decoder, [], self.heads_source, self.threads)
+        threads = self.threads
+        if threads.source == "auto" and rows > 1:  # measured again for this batch size (more rows, more work)
+            threads = set_threads(self.model, "auto", batch=rows)
+        return BatchStream(decoder, [], self.heads_source, threads)
 
     def submit_to(self, stream: BatchStream, request: GenerationRequest) -> int:
         """Check and queue `request` in an open batch -> its index there (errors as `stream` raises them)."""

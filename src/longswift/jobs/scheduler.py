@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from ..decode.batch_seq import Sequence
 from ..decode.batched import BatchDecoder
 from ..decode.transcript import Piece
@@ -100,6 +102,9 @@ class BatchStream:
         Every job's tokens of the step reach its transcript before the pieces are returned, so between rounds
         every job is at a step boundary (what `snapshot` needs).
         """
+        if self.threads is not None and self.threads.source != "torch":
+            if torch.get_num_threads() != self.threads.threads:  # another job may have set its own count
+                torch.set_num_threads(self.threads.threads)
         pieces = list(self._admit()) + list(self._drop_cancelled())
         decoder = self.decoder
         decoder.prefill_chunk()
