@@ -268,3 +268,24 @@ def test_dry_run_plans_the_whole_batch_and_a_batch_too_big_is_refused_before_loa
     monkeypatch.setattr("longswift.model.checkpoint.Checkpoint.load_model", lambda *a, **k: pytest.fail("loaded"))
     code, err = _generate_batch(tmp_path, tiny_llama, "big", "--batch-size", "4")
     assert code != 0 and "--batch-size" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("arch", "overrides"),
+    [("mistral", {"sliding_window": 24}), ("qwen3", {}), ("qwen2_bias", {})],
+    ids=["sliding-window", "qk-norm", "bias"],
+)
+def test_other_architectures_batched_equal_alone(checkpoint_factory, arch, overrides):
+    """Per-row masks with a sliding window that cuts each row's context at its own place; q/k norms; biases."""
+    path = checkpoint_factory(arch, **overrides)
+    engine = engine_for(path)
+    requests = [
+        GenerationRequest("It was the best of times, it was the worst", 70, mode="tokenswift", speculation=SPEC),
+        GenerationRequest("Once", 60, mode="ar", sampling=PAPER, seed=2),
+        GenerationRequest("x y z", 50, mode="tokenswift", speculation=SPEC, sampling=PAPER, seed=3),
+    ]
+    requests = [GenerationRequest(**{**r.__dict__, "ignore_eos": True}) for r in requests]
+    stream = engine.stream_many(requests, batch_size=3)
+    list(stream)
+    for request, got in zip(requests, stream.results):
+        assert_same(single(engine, request), got)
