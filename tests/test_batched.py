@@ -62,10 +62,11 @@ def assert_same(reference, other) -> None:
     assert result.kind in ("identical", "near-tie"), result.describe()
 
 
-@pytest.mark.parametrize("batch_size", [3, 6])
-def test_mixed_batch_equals_each_sequence_alone(tiny_llama, batch_size):
+@pytest.mark.parametrize(("batch_size", "n"), [(3, 560), (6, 160)])
+def test_mixed_batch_equals_each_sequence_alone(tiny_llama, batch_size, n):
+    """Six different jobs (>= 500 tokens each in the first case) through 3 rows (joining as others finish) or 6."""
     engine = engine_for(tiny_llama)
-    requests = mixed_requests(160)
+    requests = mixed_requests(n)
     alone = [single(engine, r) for r in requests]
     stream = engine.stream_many(requests, batch_size=batch_size)
     pieces: dict[int, list[int]] = {}
