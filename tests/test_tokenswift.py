@@ -128,7 +128,7 @@ def run_with_drafter(engine, drafter_for, n, spec, stop=None, **kw):
     transcript = Transcript(engine.tokenizer, stop or StopConfig(n, (), (), True))
     decoder.start(prompt_ids)
     list(drive(decoder, transcript))
-    return transcript, decoder.stats()
+    return transcript, decoder.stats().to_json()
 
 
 def test_oracle_heads_accept_every_draft(tiny_llama):

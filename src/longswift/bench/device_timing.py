@@ -185,7 +185,7 @@ def replay_speed(
         out[f"accept_{accept}"] = {
             "tok_s": round(n / seconds, 2),
             "speedup_vs_ar": round(ar_s / seconds, 3),
-            "tokens_per_step": round(ts.stats()["mean_accepted"], 3),
+            "tokens_per_step": round(_mean_accepted(ts), 3),
             "identical": first is None,
             "first_difference": first,
         }
@@ -260,3 +260,8 @@ def _synced_now(device: torch.device) -> float:
     """The clock after the device has finished its queued work (what a streamed token's time must be)."""
     sync(device)
     return time.perf_counter()
+
+
+def _mean_accepted(decoder: Any) -> float:
+    speculation = decoder.stats().speculation
+    return speculation.mean_accepted if speculation is not None else 1.0

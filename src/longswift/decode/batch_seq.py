@@ -16,6 +16,7 @@ from .drafting import Draft, FusedDrafter
 from .loop import Context, Timer
 from .ngram import HistoryLookup, NGramTable
 from .sampling import TokenChooser
+from .stats import DecoderStats, SpeculationStats
 from .tree import Trie
 
 
@@ -82,23 +83,23 @@ class Sequence:
             self._learning.popleft()
             self.acceptance.learn(trie, decided[root + 1 : root + 1 + depth])
 
-    def stats(self) -> dict[str, Any]:
-        """The same speculation keys as single-sequence TokenSwift reports, for this sequence's steps."""
+    def stats(self) -> DecoderStats:
+        """The same speculation record as single-sequence TokenSwift keeps, for this sequence's steps."""
+        if self.mode != "tokenswift":
+            return DecoderStats()
         steps = max(self.steps, 1)
-        out: dict[str, Any] = {"steps": self.steps}
-        if self.mode == "tokenswift":
-            out.update(
-                {
-                    "mean_accepted": sum(k * v for k, v in self.per_step.items()) / steps,
-                    "acceptance_rate": self.accepted / (self.spec.max_depth() * steps),
-                    "ngram_share": self.accepted_ngram / self.accepted if self.accepted else 0.0,
-                    "tokens_per_step": {str(k): v for k, v in sorted(self.per_step.items())},
-                    "verified_nodes": {str(k): v for k, v in sorted(self.verified.items())},
-                    "mean_verified_nodes": sum(k * v for k, v in self.verified.items()) / steps,
-                    "root_only_share": self.verified.get(1, 0) / steps,
-                    "hindsight_acceptance": self.acceptance.summary(),
-                    "draft": "fused",
-                    "candidates": self.spec.candidates,
-                }
+        return DecoderStats(
+            SpeculationStats(
+                steps=self.steps,
+                mean_accepted=sum(k * v for k, v in self.per_step.items()) / steps,
+                acceptance_rate=self.accepted / (self.spec.max_depth() * steps),
+                ngram_share=self.accepted_ngram / self.accepted if self.accepted else 0.0,
+                tokens_per_step={str(k): v for k, v in sorted(self.per_step.items())},
+                verified_nodes={str(k): v for k, v in sorted(self.verified.items())},
+                mean_verified_nodes=sum(k * v for k, v in self.verified.items()) / steps,
+                root_only_share=self.verified.get(1, 0) / steps,
+                hindsight_acceptance=self.acceptance.summary(),
+                draft="fused",
+                candidates=self.spec.candidates,
             )
-        return out
+        )

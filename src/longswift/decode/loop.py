@@ -19,6 +19,7 @@ from torch import Tensor
 from ..model.cache import KVCache
 from ..model.transformer import Cache, QueryLog, Transformer
 from .sampling import TokenChooser
+from .stats import DecoderStats
 from .transcript import Piece, Transcript
 
 PREFILL_CHUNK = 512
@@ -156,17 +157,15 @@ def forward_counts(forward: Forward) -> dict[str, Any]:
     return forward.stats()
 
 
-def forward_stats(forward: Forward, since: dict[str, Any]) -> dict[str, Any]:
+def compile_counts(forward: Forward, since: dict[str, Any]) -> dict[str, Any] | None:
     """What a static forward did since `since` (its counts when the decoder was made): graphs compiled,
-    recompilations, eager fallbacks. {} for the plain model."""
+    recompilations, eager fallbacks. None for the plain model."""
     now = forward.stats()
     if not now:
-        return {}
+        return None
     return {
-        "compile": {
-            k: (round(v - since[k], 3) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
-            for k, v in now.items()
-        }
+        k: (round(v - since[k], 3) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+        for k, v in now.items()
     }
 
 
@@ -179,7 +178,7 @@ class Decoder(Protocol):
 
     def step(self) -> list[int]: ...
 
-    def stats(self) -> dict[str, Any]: ...
+    def stats(self) -> DecoderStats: ...
 
 
 class ARDecoder:
@@ -233,8 +232,8 @@ class ARDecoder:
         self.timer.add("decode", t0)
         return [token]
 
-    def stats(self) -> dict[str, Any]:
-        return forward_stats(self.forward, self._forward_base)
+    def stats(self) -> DecoderStats:
+        return DecoderStats(compile=compile_counts(self.forward, self._forward_base))
 
 
 def drive(decoder: Decoder, transcript: Transcript) -> Iterator[Piece]:

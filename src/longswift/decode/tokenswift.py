@@ -15,7 +15,6 @@ Drafting and choosing can only change how many tokens a step accepts, never whic
 from __future__ import annotations
 
 from collections import Counter, deque
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -27,9 +26,10 @@ from ..model.transformer import QueryLog, Transformer
 from .candidates import candidate_trie
 from .controller import STEP_KINDS, Controller, StepGate
 from .drafting import Draft, Drafter
-from .loop import Context, EagerForward, Forward, Timer, forward_counts, forward_stats, prefill, reuse, warm_up
+from .loop import Context, EagerForward, Forward, Timer, compile_counts, forward_counts, prefill, reuse, warm_up
 from .ngram import HistoryLookup, NGramTable
 from .sampling import TokenChooser
+from .stats import ControllerStats, DecoderStats, SpeculationStats, StepTimes
 from .tree import Trie
 from .verify import walk
 
@@ -211,38 +211,32 @@ class TokenSwiftDecoder:
         self.step_accepted.append(len(nodes))
         self.verified[len(trie)] += 1
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> DecoderStats:
         steps = max(self.steps, 1)
         t = self.timer.totals
-        return {
-            "steps": self.steps,
-            "mean_accepted": sum(k * v for k, v in self.per_step.items()) / steps,
+        drafter = dict(self.drafter.stats())
+        speculation = SpeculationStats(
+            steps=self.steps,
+            mean_accepted=sum(k * v for k, v in self.per_step.items()) / steps,
             # The paper's α with γ+1 = the deepest candidate (head tree or n-gram chain), so α <= 1.
-            "acceptance_rate": self.accepted / (self.spec.max_depth() * steps),
-            "ngram_share": self.accepted_ngram / self.accepted if self.accepted else 0.0,
-            "tokens_per_step": {str(k): v for k, v in sorted(self.per_step.items())},
-            "draft_s": t.get("draft", 0.0),
-            "verify_s": t.get("verify", 0.0),
-            "bookkeeping_s": t.get("bookkeeping", 0.0),
-            **self.drafter.stats(),
-            **self._controller_stats(),
-        }
-
-    def _controller_stats(self) -> dict[str, Any]:
-        """What the controller did: node counts verified, root-only steps, predicted vs measured step cost."""
-        steps = max(self.steps, 1)
-        return {
-            "draft": self.spec.draft,
-            "candidates": self.spec.candidates,
-            "verified_nodes": {str(k): v for k, v in sorted(self.verified.items())},
-            "mean_verified_nodes": sum(k * v for k, v in self.verified.items()) / steps,
-            "root_only_share": self.verified.get(1, 0) / steps,
-            "drafted_share": self.gate.shares()["draft"],
-            "step_kinds": self.gate.shares(),
-            "predicted_step_ms": 1000 * self.predicted_s / steps if self.controller.adaptive else None,
-            "measured_step_ms": 1000 * self.measured_s / steps,
-            "calibrations": self.controller.calibrations,
-            "calibrate_s": self.timer.totals.get("calibrate", 0.0),
-            "hindsight_acceptance": self.controller.acceptance_summary(),
-            **forward_stats(self.forward, self._forward_base),
-        }
+            acceptance_rate=self.accepted / (self.spec.max_depth() * steps),
+            ngram_share=self.accepted_ngram / self.accepted if self.accepted else 0.0,
+            tokens_per_step={str(k): v for k, v in sorted(self.per_step.items())},
+            verified_nodes={str(k): v for k, v in sorted(self.verified.items())},
+            mean_verified_nodes=sum(k * v for k, v in self.verified.items()) / steps,
+            root_only_share=self.verified.get(1, 0) / steps,
+            hindsight_acceptance=self.controller.acceptance_summary(),
+            draft=self.spec.draft,
+            candidates=self.spec.candidates,
+        )
+        controller = ControllerStats(  # what the controller did: step kinds, predicted vs measured step cost
+            partial_cache_selections=drafter.pop("partial_cache_selections", 0),
+            drafted_share=self.gate.shares()["draft"],
+            step_kinds=self.gate.shares(),
+            predicted_step_ms=1000 * self.predicted_s / steps if self.controller.adaptive else None,
+            measured_step_ms=1000 * self.measured_s / steps,
+            calibrations=self.controller.calibrations,
+            calibrate_s=t.get("calibrate", 0.0),
+        )
+        times = StepTimes(t.get("draft", 0.0), t.get("verify", 0.0), t.get("bookkeeping", 0.0))
+        return DecoderStats(speculation, times, controller, compile_counts(self.forward, self._forward_base), drafter)

@@ -16,6 +16,7 @@ import torch
 from ..config import SpeculationConfig
 from ..decode.bound import run_bounds
 from ..decode.sampling import TokenChooser
+from ..decode.stats import DecoderStats
 from ..decode.transcript import Transcript
 from ..errors import ResumeError
 from ..model.threads import ThreadChoice
@@ -33,6 +34,7 @@ class GenerationResult:
     stats: dict[str, Any] = field(default_factory=dict)
     # With record_margins: each token's decision margin (identity.py); NaN for tokens decoded before a resume.
     margins: list[float] | None = None
+    run_stats: RunStats | None = None  # the typed record behind `stats` (`stats == run_stats.to_json()`)
 
 
 @dataclass
@@ -76,6 +78,46 @@ class PreparedJob:
         )
 
 
+@dataclass(frozen=True)
+class RunStats:
+    """Everything measured about one job; `to_json()` is `GenerationResult.stats` (the --stats-json keys)."""
+
+    mode: str
+    new_tokens: int  # the whole job's, resumed ones included
+    resumed_tokens: int
+    prefill_s: float
+    compile_s: float
+    decode_s: float  # this run's decoding (calibration and drafting included; prefill and compiling not)
+    tokens_per_s: float  # this run's decoded tokens / decode_s
+    decoder: DecoderStats
+    threads: ThreadChoice | None = None
+    heads: str | None = None  # tokenswift: "embedded" or the heads file that ran
+    bounds: dict[str, Any] | None = None  # ceilings on tokens per step (decode/bound.py)
+    batch: dict[str, Any] | None = None  # a batched job: its batch's counts (jobs/scheduler.py)
+    error: str | None = None  # a batched job that failed
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "mode": self.mode,
+            "new_tokens": self.new_tokens,
+            "resumed_tokens": self.resumed_tokens,
+            "prefill_s": self.prefill_s,
+            "compile_s": self.compile_s,
+            "decode_s": self.decode_s,
+            "tokens_per_s": self.tokens_per_s,
+            "threads": self.threads.stats() if self.threads is not None else None,  # CPU threads, and why
+            **self.decoder.to_json(),
+        }
+        if self.mode == "tokenswift":
+            out["heads"] = self.heads
+        out.update(self.bounds or {})
+        if self.batch is not None:
+            out["batch"] = self.batch
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
 def result_of(
     decoder: Any,
     transcript: Transcript,
@@ -84,39 +126,43 @@ def result_of(
     heads: str | None = None,
     spec: SpeculationConfig | None = None,
     threads: ThreadChoice | None = None,
+    batch: dict[str, Any] | None = None,
+    error: str | None = None,
 ) -> GenerationResult:
     """The result of the whole job; timing and speculation statistics cover this run only.
 
     After a resume, `new_tokens` counts the whole job's tokens but only `new_tokens - resumed_tokens` were
-    decoded in the `decode_s` of this run, so the rate is computed from those.
+    decoded in the `decode_s` of this run, so the rate is computed from those. `spec` None leaves out the bounds
+    (whose cost grows with the text: progress lines read stats often).
     """
     times = decoder.timer.totals
     decode_s = sum(v for k, v in times.items() if k not in ("prefill", "compile"))
     n = len(transcript.ids)
-    stats = {
-        "mode": decoder.mode,
-        "new_tokens": n,
-        "resumed_tokens": resumed,
-        "prefill_s": times.get("prefill", 0.0),
-        "compile_s": times.get("compile", 0.0),
-        "decode_s": decode_s,
-        "tokens_per_s": (n - resumed) / decode_s if decode_s > 0 else 0.0,
-        "threads": threads.stats() if threads is not None else None,  # CPU threads, and why (model/threads.py)
-        **decoder.stats(),
-    }
-    if decoder.mode == "tokenswift":
-        stats["heads"] = heads  # "embedded" or the heads file: shows which draft heads actually ran
+    decoded: DecoderStats = decoder.stats()
+    bounds = None
     if spec is not None:  # the ceilings on tokens per step of the tokens decoded in this run (bound.py)
-        stats.update(
-            run_bounds(
-                decoder, spec, stats.get("mean_accepted"), prompt_ids + list(transcript.ids), len(prompt_ids) + resumed
-            )
-        )
+        accepted = decoded.speculation.mean_accepted if decoded.speculation is not None else None
+        bounds = run_bounds(decoder, spec, accepted, prompt_ids + list(transcript.ids), len(prompt_ids) + resumed)
+    run = RunStats(
+        decoder.mode,
+        n,
+        resumed,
+        times.get("prefill", 0.0),
+        times.get("compile", 0.0),
+        decode_s,
+        (n - resumed) / decode_s if decode_s > 0 else 0.0,
+        decoded,
+        threads,
+        heads if decoder.mode == "tokenswift" else None,
+        bounds,
+        batch,
+        error,
+    )
     margins = decoder.chooser.margins
     if margins is not None:
         margins = ([math.nan] * resumed + margins)[:n]
     return GenerationResult(
-        transcript.text, list(transcript.ids), prompt_ids, transcript.finish_reason or "", stats, margins
+        transcript.text, list(transcript.ids), prompt_ids, transcript.finish_reason or "", run.to_json(), margins, run
     )
 
 

@@ -173,12 +173,10 @@ class BatchStream:
 
     def _result(self, seq: Sequence) -> GenerationResult:
         job = self.jobs[seq.key]
-        resumed = self._resumed[seq.key]
-        result = result_of(seq, job.transcript, job.prompt_ids, resumed, self.heads_source, job.spec, self.threads)
-        result.stats["batch"] = self.stats()
-        if seq.key in self.errors:
-            result.stats["error"] = self.errors[seq.key]
-        return result
+        resumed, error = self._resumed[seq.key], self.errors.get(seq.key)
+        return result_of(
+            seq, job.transcript, job.prompt_ids, resumed, self.heads_source, job.spec, self.threads, self.stats(), error
+        )
 
     def stats(self) -> dict[str, Any]:
         """The batch's own counts: steps, rows and width per step, host reads, calibrations."""
