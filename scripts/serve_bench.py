@@ -174,13 +174,14 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--hand-off", action="store_true", help="only the in-process thread hand-off (no HTTP)")
+    p.add_argument("--max-batch", type=int, default=1, help="the server's --max-batch (1: one at a time, as measured)")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.hand_off:
         hand_off(args.tokens, args.repeats)
         return
     model = ["--model", args.model] if args.model else []
-    proc, url = start_server(model)
+    proc, url = start_server([*model, "--max-batch", str(args.max_batch)])
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=3600)
     name = client.models.list().data[0].id
     run_stream(client, name, 64)  # warm-up

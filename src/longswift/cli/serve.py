@@ -33,10 +33,23 @@ def add_serve_parser(p: argparse.ArgumentParser) -> None:
         help="require 'Authorization: Bearer KEY' on /v1/* (default: $LONGSWIFT_API_KEY, else none)",
     )
     n.add_argument(
+        "--max-batch",
+        type=int,
+        default=4,
+        help="requests that decode together in the batched engine, first come first served; "
+        "1 = one at a time, as before (default 4)",
+    )
+    n.add_argument(
+        "--max-context",
+        type=int,
+        help="with --max-batch > 1: most tokens per request (prompt + max_tokens); every row's KV cache is "
+        "preallocated for it (default: the model's positions, at most 32768)",
+    )
+    n.add_argument(
         "--max-queue",
         type=int,
         default=8,
-        help="requests that may wait while one generates; beyond that 429 (default 8)",
+        help="requests that may wait beyond the --max-batch running ones; beyond that 429 (default 8)",
     )
     n.add_argument(
         "--max-request-bytes", type=int, default=8 * 1024 * 1024, help="larger request bodies get 413 (default 8 MiB)"
@@ -86,6 +99,8 @@ def serve_config(args: argparse.Namespace, model_dir: Path, embedded: bool) -> S
         model_name=name,
         api_key=args.api_key,
         max_queue=args.max_queue,
+        max_batch=args.max_batch,
+        max_context=args.max_context,
         max_request_bytes=args.max_request_bytes,
         jobs_dir=args.jobs_dir,
         checkpoint_every=args.checkpoint_every,
@@ -109,13 +124,24 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     model_dir = model_dir_or_default(args.model)
     config = serve_config(args, model_dir, embedded=args.model is None)
+    if config.max_batch > 1 and args.compile == "on":
+        raise ConfigError("--compile on needs --max-batch 1 (batched decoding runs eagerly)")
     engine = load(
         model_dir, heads=args.heads, device=args.device, dtype=args.dtype, compile=args.compile, threads=args.threads
     )
     if engine.heads_note:
         err.write(f"longswift: note: {engine.heads_note}\n")
-    _compile_before_serving(engine, config, err)
+    if config.max_batch == 1:  # the batched engine runs eagerly: nothing to compile
+        _compile_before_serving(engine, config, err)
     app = create_app(engine, config)
+    worker = app.state.worker
+    if config.max_batch > 1:
+        from ..serve.batcher import kv_bytes
+
+        err.write(
+            f"longswift serve: up to {config.max_batch} requests at once, {worker.context:,} tokens each "
+            f"(KV cache {kv_bytes(engine, config.max_batch, worker.context) / 2**20:,.0f} MiB)\n"
+        )
     server = _server_class()(
         uvicorn.Config(
             app,
@@ -149,7 +175,7 @@ def _server_class() -> Any:
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn's server, which also stops the running generation (checkpointing a job) on SIGINT/SIGTERM and
+        """uvicorn's server, which also stops the running generations (checkpointing jobs) on SIGINT/SIGTERM and
         prints the address it bound (useful with --port 0)."""
 
         def __init__(self, config: Any, worker: Any, err: TextIO) -> None:

@@ -1,6 +1,7 @@
 """The HTTP layer: FastAPI routes over the worker, API-key and body-size guards, server-sent events.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health. Every error is OpenAI's
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics (Prometheus
+text; like /health it needs no API key). Every error is OpenAI's
 JSON error object (`protocol.ApiError`) with a one-line message, never a traceback; the server keeps serving.
 A streamed request whose prompt is refused (too long, bad settings) still gets a plain HTTP error, because the
 response starts only once the worker reports the generation `Started`.
@@ -16,7 +17,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -28,10 +29,18 @@ from .config import ServeConfig
 from .protocol import ApiError, ChatBody, CompletionBody, Formatter, ServeRequest, StopTrimmer
 from .worker import Event, Failed, Finished, Job, Started, Worker
 
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
 
 def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
-    """The ASGI application serving `engine`; its worker thread stops with the application's lifespan."""
-    worker = Worker(engine, config)
+    """The ASGI application serving `engine`; its worker thread stops with the application's lifespan.
+    `config.max_batch` > 1: requests decode together (`batcher.BatchWorker`), else one at a time."""
+    if config.max_batch > 1:
+        from .batcher import BatchWorker
+
+        worker: Worker = BatchWorker(engine, config)
+    else:
+        worker = Worker(engine, config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -46,6 +55,10 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": config.model_name, **worker.status()}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return PlainTextResponse(worker.render_metrics(), media_type=PROMETHEUS_TEXT)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -29,7 +29,11 @@ class ServeConfig:
     port: int = 8000
     model_name: str = "longswift"  # the id clients pass as `model` and `/v1/models` lists
     api_key: str | None = None  # when set, /v1/* needs `Authorization: Bearer <key>` (else 401)
-    max_queue: int = 8  # requests that may wait while one generates; more get 429
+    max_queue: int = 8  # requests that may wait beyond the running ones; more get 429
+    # Requests that decode together (serve/batcher.py); 1 = one at a time (serve/worker.py). The command line's
+    # default is 4; a Python caller asks for batching explicitly.
+    max_batch: int = 1
+    max_context: int | None = None  # with max_batch > 1: tokens per request (prompt + new); None: min(model, 32,768)
     max_request_bytes: int = 8 * 1024 * 1024  # larger bodies get 413
     jobs_dir: Path | None = None  # where `job_id` requests keep their checkpoints; None: job_id is refused
     checkpoint_every: int = 2048  # tokens between checkpoints of a `job_id` request
@@ -42,6 +46,10 @@ class ServeConfig:
             raise ConfigError(f"read-timeout must be > 0 seconds, got {self.read_timeout}")
         if self.max_queue < 0:
             raise ConfigError(f"max-queue must be >= 0, got {self.max_queue}")
+        if self.max_batch < 1:
+            raise ConfigError(f"max-batch must be >= 1, got {self.max_batch}")
+        if self.max_context is not None and self.max_context < 2:
+            raise ConfigError(f"max-context must be >= 2, got {self.max_context}")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"max-request-bytes must be >= 1024, got {self.max_request_bytes}")
         if self.checkpoint_every < 1:

@@ -1,5 +1,5 @@
-"""One generation at a time: the thread that owns the engine, the bounded queue in front of it, cancellation,
-and the checkpoints of `job_id` requests.
+"""One generation at a time (`--max-batch 1`): the thread that owns the engine, the bounded queue in front of it,
+cancellation, and the checkpoints of `job_id` requests. `batcher.BatchWorker` is the same with many at once.
 
 TokenSwift accelerates batch size 1, and the engine's caches belong to one job, so every generation runs on a
 single worker thread; the HTTP event loop only admits requests and forwards events. A job's events (`Started`,
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -26,6 +27,7 @@ from ..errors import LongswiftError, NumericalError, OutputError, PromptError
 from ..inputs import check_text
 from ..jobs.state import JobState
 from .config import ServeConfig
+from .metrics import Metrics
 from .protocol import ApiError, ServeRequest
 from .public import public_message, public_result
 from .slots import QueueSlot
@@ -62,6 +64,8 @@ class Job:
         self.cancelled = threading.Event()
         self._loop = loop
         self.slot = QueueSlot()  # set by the worker that admitted it
+        self.admitted_at = time.monotonic()
+        self.answered = False  # whether its first text was sent (time to first token)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -76,15 +80,21 @@ class Job:
 
 
 class Worker:
-    """Admits at most 1 running + `max_queue` waiting jobs and runs them in order on one thread."""
+    """Admits at most `rows` (here 1) running + `max_queue` waiting jobs and runs them in order on one thread."""
+
+    rows = 1
 
     def __init__(self, engine: Engine, config: ServeConfig) -> None:
         self.engine, self.config = engine, config
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="longswift-generate")
         self._lock = threading.Lock()
         self._admitted = 0  # running + waiting
         self._running = 0
         self._stopping = threading.Event()
+        self.metrics = Metrics(self.rows)
+        self._start()
+
+    def _start(self) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="longswift-generate")
 
     def submit(self, request: ServeRequest, loop: asyncio.AbstractEventLoop) -> Job:
         if request.job_id is not None and self.config.jobs_dir is None:
@@ -92,18 +102,23 @@ class Worker:
         with self._lock:
             if self._stopping.is_set():
                 raise ApiError(503, "the server is shutting down")
-            if self._admitted >= 1 + self.config.max_queue:
+            if self._admitted >= self.rows + self.config.max_queue:
+                self.metrics.reject()
+                running = "one generation is running" if self.rows == 1 else f"{self._running} generations are running"
                 raise ApiError(
                     429,
-                    f"server busy: one generation is running and {self._admitted - 1} requests are "
+                    f"server busy: {running} and {self._admitted - self._running} requests are "
                     f"waiting (queue size {self.config.max_queue}); retry later",
                     code="server_busy",
                 )
             self._admitted += 1
         job = Job(request, loop)
         job.slot = QueueSlot(self._lock, self._leave)
-        self._executor.submit(self._run, job)
+        self._dispatch(job)
         return job
+
+    def _dispatch(self, job: Job) -> None:
+        self._executor.submit(self._run, job)
 
     def status(self) -> dict[str, int]:
         with self._lock:
@@ -111,7 +126,12 @@ class Worker:
                 "running": self._running,
                 "queued": self._admitted - self._running,
                 "max_queue": self.config.max_queue,
+                "max_batch": self.rows,
             }
+
+    def render_metrics(self) -> str:
+        status = self.status()
+        return self.metrics.render(status["running"], status["queued"])
 
     def stop(self) -> None:
         """Ask the running job to stop at its next step (checkpointing a `job_id` job); refuse new ones."""
@@ -136,20 +156,26 @@ class Worker:
                 final = Failed(503, "the server is shutting down")
             elif not job.cancelled.is_set():
                 final = self._generate(job)
-        except NumericalError as exc:
-            final = Failed(500, str(exc))
-        except OutputError as exc:  # the jobs directory is full or unwritable: the server's fault, not the request's
-            final = Failed(503, public_message(str(exc), self.config.jobs_dir))
-        except LongswiftError as exc:
-            final = Failed(400, public_message(str(exc), self.config.jobs_dir))
-        except Exception as exc:  # a bug in longswift: logged here in full, answered in one line, server goes on
-            traceback.print_exc(file=sys.stderr)
-            final = Failed(500, f"internal error ({type(exc).__name__}); see the server log")
+        except Exception as exc:
+            final = self.failure(exc)
         finally:
             with self._lock:
                 self._running -= 1
                 job.slot.finish()
+        self.metrics.finish(_reason(final))
         job.send(final)  # always one final event, so no handler waits for ever
+
+    def failure(self, exc: Exception) -> Failed:
+        """The final event of a job that raised `exc`."""
+        if isinstance(exc, NumericalError):
+            return Failed(500, str(exc))
+        if isinstance(exc, OutputError):  # the jobs directory is full or unwritable: the server's fault
+            return Failed(503, public_message(str(exc), self.config.jobs_dir))
+        if isinstance(exc, LongswiftError):
+            return Failed(400, public_message(str(exc), self.config.jobs_dir))
+        # A bug in longswift: logged here in full, answered in one line, the server goes on.
+        traceback.print_exception(exc, file=sys.stderr)
+        return Failed(500, f"internal error ({type(exc).__name__}); see the server log")
 
     def _generate(self, job: Job) -> Event:
         """Run the job; -> its final event."""
@@ -165,7 +191,8 @@ class Worker:
         job.send(Started(resume.text if resume is not None else ""))
         since = 0
         for piece in stream:
-            job.send(piece)
+            self.metrics.step(len(piece.token_ids))  # one piece per decoding step
+            self._forward(job, piece)
             since += len(piece.token_ids)
             stop = job.cancelled.is_set() or self._stopping.is_set()
             if path is not None and (stop or since >= self.config.checkpoint_every):
@@ -177,6 +204,13 @@ class Worker:
             stream.snapshot().save(path)  # a finished job: repeating the request returns the same text at once
         assert stream.result is not None
         return Finished(public_result(stream.result))
+
+    def _forward(self, job: Job, piece: Piece) -> None:
+        """Send a piece to the job's client (timing its first text)."""
+        if piece.text and not job.answered:
+            job.answered = True
+            self.metrics.first_token(time.monotonic() - job.admitted_at)
+        job.send(piece)
 
     def _job_path(self, job_id: str | None) -> Path | None:
         if job_id is None or self.config.jobs_dir is None:
@@ -191,6 +225,15 @@ class Worker:
             raise PromptError(f"the chat template refused the messages: {exc}") from None
         # The template writes any BOS itself; encoding it again with special tokens would double it.
         return list(tokenizer(check_text(text, "the chat messages"), add_special_tokens=False)["input_ids"])
+
+
+def _reason(event: Event) -> str:
+    """The finish reason `/metrics` counts a final event under."""
+    if isinstance(event, Finished):
+        return event.result.finish_reason
+    if event is CANCELLED or not isinstance(event, Failed):
+        return "cancelled"
+    return "stopped" if event.status == 503 else "error"
 
 
 def _stopped_message(job_id: str | None) -> str:
