@@ -22,6 +22,7 @@ ends (`leave`), freeing its row for the next.
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import torch
@@ -32,7 +33,7 @@ from ..errors import ConfigError, NumericalError
 from ..model.batch_cache import BatchKVCache, batch_bias
 from ..model.heads import DraftHeads
 from ..model.transformer import Transformer, Visibility
-from .batch_budget import BatchBudget
+from .batch_budget import BatchBudget, BatchChoice
 from .batch_choice import (
     NodeTable,
     WindowCounts,
@@ -45,7 +46,7 @@ from .batch_choice import (
 )
 from .batch_seq import Sequence
 from .candidates import candidate_trie
-from .controller import reach
+from .controller import StepGate, reach
 from .drafting import Draft
 from .loop import PREFILL_CHUNK, Timer
 from .sampling import penalise
@@ -80,7 +81,12 @@ class BatchDecoder:
         self.free = list(range(rows))
         self.joining: list[Sequence] = []
         self.active: list[Sequence] = []
-        self.budget = BatchBudget(spec.candidates == "adaptive", spec.max_nodes(), self.time_forward)
+        adaptive = spec.candidates == "adaptive"
+        self.budget = BatchBudget(adaptive, spec.max_nodes(), self.time_forward)
+        # Whether drafting pays at all, judged by the batch's measured tokens per second (controller.StepGate):
+        # a "plain" step verifies every root alone (a batched AR step) and skips the heads.
+        self.gate = StepGate(("draft", "plain") if adaptive and heads is not None else ("draft",))
+        self._kind = self.gate.choose()
         self.timer = Timer(model.device)
         self.steps = 0
         self.host_reads = 0  # device-to-host reads made by steps (one per step; tests count them)
@@ -165,22 +171,31 @@ class BatchDecoder:
         # Costs are timed for a power-of-two number of rows (at most log2(rows) + 1 calibrations while a batch
         # fills up); the forward itself covers only `rows` rows.
         priced = min(1 << (rows - 1).bit_length(), self.cache.rows)
+        kind = self._kind
+        speculative = kind == "draft" and any(s.mode == "tokenswift" for s in seqs)
         t = self.timer.now()
-        if any(s.mode == "tokenswift" for s in seqs) and self.budget.calibrate_if_due(priced, context):
-            self.timer.add("calibrate", t)  # a batch of AR rows has nothing to choose
+        if speculative and self.budget.calibrate_if_due(priced, context):
+            self.timer.add("calibrate", t)  # a batch of AR rows (or an AR step) has nothing to choose
         t0 = self.timer.now()
-        tries = [self._candidates(s) for s in seqs]
-        choice = self.budget.select(tries, [reach(s.acceptance, tr) for s, tr in zip(seqs, tries)], priced, context)
+        tries = [self._candidates(s) if speculative else Trie.rooted(s.context.last) for s in seqs]
+        if speculative:
+            reaches = [reach(s.acceptance, tr) for s, tr in zip(seqs, tries)]
+            choice = self.budget.select(tries, reaches, priced, context)
+        else:
+            choice = BatchChoice(tries, 1, float(len(tries)), math.nan)
         hidden = self._verify_forward(seqs, choice.tries, choice.width, rows)
         t1 = self.timer.add("verify", t0)
-        tokens, accepted = self._decide(seqs, choice.tries, hidden, choice.width)
+        self._kind = self.gate.choose()  # the next step's kind: drafts are computed for a drafting step only
+        tokens, accepted = self._decide(seqs, choice.tries, hidden, choice.width, self._kind == "draft")
         t2 = self.timer.add("bookkeeping", t1)
         for seq, candidates, verified in zip(seqs, tries, choice.tries):
             if seq not in tokens:
                 continue  # failed: reported by take_failures
             seq.after_step(candidates, verified, accepted[seq], tokens[seq])
             seq.timer.totals["decode"] = seq.timer.totals.get("decode", 0.0) + t2 - t0
-        self.budget.measured(priced, choice.width, context, t2 - t0)
+        if speculative:
+            self.budget.measured(priced, choice.width, context, t2 - t0)
+        self.gate.record(kind, sum(len(t) for t in tokens.values()), t2 - t0)
         self.steps += 1
         self.rows_per_step += len(seqs)
         self.width_sum += choice.width
@@ -214,7 +229,7 @@ class BatchDecoder:
         return self.model(tokens, positions, self.cache, vis=Visibility(bias))
 
     def _decide(
-        self, seqs: list[Sequence], tries: list[Trie], hidden: Tensor, width: int
+        self, seqs: list[Sequence], tries: list[Trie], hidden: Tensor, width: int, draft: bool
     ) -> tuple[dict[Sequence, list[int]], dict[Sequence, list[int]]]:
         """Every node's choice and the next drafts on the device, one host read, then the walks on the host
         -> (each sequence's tokens, its accepted nodes)."""
@@ -234,7 +249,7 @@ class BatchDecoder:
         best, choice = scores.max(-1)  # the greedy rows' choices (sampled rows' are replaced below)
         ok = torch.isfinite(best)
         tops = self._sample(seqs, tries, offsets, scores, table, choice, ok)
-        drafts = self._drafts(seqs, tries, offsets, nodes, choice, present, table)
+        drafts = self._drafts(seqs, tries, offsets, nodes, choice, present, table) if draft else []
         parts = [choice.double(), ok.double()] + [d.double().flatten() for d in drafts]
         values = torch.cat(parts).tolist()  # the step's one host read
         self.host_reads += 1
@@ -266,7 +281,7 @@ class BatchDecoder:
         spec_seqs = [s for s in seqs if s.mode == "tokenswift"]
         for i, seq in enumerate(spec_seqs):
             if seq in out:
-                seq.draft = self._unpack_draft(draft_values, i, len(spec_seqs))
+                seq.draft = self._unpack_draft(draft_values, i, len(spec_seqs)) if draft else Draft.empty()
         return out, accepted
 
     def _sample(

@@ -189,5 +189,6 @@ class BatchStream:
             "mean_width": d.width_sum / steps,
             "host_reads": d.host_reads,
             "calibrations": d.budget.calibrations,
+            "step_kinds": d.gate.shares(),  # drafting steps vs batched AR steps (the gate's choice)
             "prefill_s": d.timer.totals.get("prefill", 0.0),
         }
