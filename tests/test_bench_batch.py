@@ -68,6 +68,7 @@ def test_batch_bench_on_a_tiny_model(tiny_llama, tmp_path):
     with open(cfg.out / "batch.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 10 and rows[1]["identical_sequences"] == "1"
+    assert len((cfg.out / "runs.jsonl").read_text().splitlines()) == 10
     line = json.loads(summary_json(report))
     assert line["lossless"] is True and "B=2 ar-batched" in line["aggregate_tokens_per_s"]["24"]
 

@@ -10,8 +10,11 @@ so drift on a shared machine hits every method alike, and the ratios are paired 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -72,6 +75,7 @@ def run_batch_bench(cfg: BenchConfig, progress: Progress | None = None) -> Bench
     prompts = load_prompts(engine.tokenizer, cfg.prompts, cfg.prompt_len, min(max(cfg.batch_sizes), 64))
     runner = _BatchRunner(engine, cfg, prompts.ids, _load_hf(engine) if HF_BATCH in methods else None)
     report = BenchReport(cfg, environment(engine, model_dir, heads), prompts, started_at=now_iso())
+    (cfg.out / "runs.jsonl").write_text("", encoding="utf-8")
     batch = report.batch = BatchReport(cfg.batch_sizes, notes=_notes(cfg, len(prompts.ids)))
     for name, method in methods.items():
         track.phase("warmup", name)
@@ -84,6 +88,7 @@ def run_batch_bench(cfg: BenchConfig, progress: Progress | None = None) -> Bench
                 track.finished(name, n, b)
                 batch.runs.append(run)
             _compare(batch, outcomes, n, b, cfg.sampling.greedy, near_tie_bound(engine.dtype))
+            _append_runs(cfg.out / "runs.jsonl", batch.runs[-len(methods) :])
     batch.summarize()
     if cfg.profile is not None:
         track.phase("profile")
@@ -92,6 +97,12 @@ def run_batch_bench(cfg: BenchConfig, progress: Progress | None = None) -> Bench
     report.files = write_batch_results(report, cfg.out)
     track.phase("done")
     return report
+
+
+def _append_runs(path: Path, runs: list[BatchRun]) -> None:
+    """Each finished (length, batch size) group is saved at once, so an interrupted run keeps what it measured."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.writelines(json.dumps(asdict(r)) + "\n" for r in runs)
 
 
 def _notes(cfg: BenchConfig, prompt_count: int) -> list[str]:

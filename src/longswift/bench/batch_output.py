@@ -68,8 +68,9 @@ _KINDS = ("identical", "near-tie", "mismatch", "unverified")
 
 
 def write_batch_results(report: BenchReport, out: Path) -> list[Path]:
-    """results.json (everything, the batch bench under "batch") and batch.csv (one row per run)."""
-    files = [out / "results.json", out / "batch.csv"]
+    """results.json (everything, the batch bench under "batch"), batch.csv (one row per run); runs.jsonl
+    was written as the groups finished."""
+    files = [out / "results.json", out / "batch.csv", out / "runs.jsonl"]
     with open(files[1], "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=BATCH_CSV_COLUMNS)
         writer.writeheader()
