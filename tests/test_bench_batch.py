@@ -38,6 +38,7 @@ def test_batch_bench_on_a_tiny_model(tiny_llama, tmp_path):
     for run in batch.runs:
         assert run.gen_len == 24 and run.new_tokens == 24 * run.batch_size and len(run.sequences) == run.batch_size
         assert run.wall_s > 0 and run.aggregate_tokens_per_s > 0 and run.per_sequence_tokens_per_s > 0
+        assert 0 < run.prefill_s < run.wall_s and run.decode_tokens_per_s > run.aggregate_tokens_per_s
         assert [s.prompt for s in run.sequences] == list(range(run.batch_size))  # distinct prompts
         if run.method == "ar-sequential":
             assert run.reference is None and run.identical is None
@@ -48,20 +49,38 @@ def test_batch_bench_on_a_tiny_model(tiny_llama, tmp_path):
     assert batch.run("tokenswift-batched", 2, 24).reference == "tokenswift-sequential"
     assert batch.run("hf-batched", 2, 24).reference == "ar-sequential"
     assert {(s.batch_size, s.gen_len) for s in batch.summaries} == {(1, 24), (2, 24)}
-    assert all(set(s.ratios) == set(RATIOS) and all(v > 0 for v in s.ratios.values()) for s in batch.summaries)
+    for s in batch.summaries:
+        assert set(s.ratios) == set(s.decode_ratios) == set(RATIOS)
+        assert all(v > 0 for v in [*s.ratios.values(), *s.decode_ratios.values()])
     assert any("hf-lookup" in note for note in batch.notes)
     assert events[0].phase == "load" and events[-1].phase == "done"
     assert events[-1].done == events[-1].total == 10 and events[-1].tokens_done == events[-1].tokens_total
 
     table = format_table(report)
-    for text in ("agg tok/s", "seq tok/s", "tokenswift-batched", "yes (2/2 vs tokenswift-sequential)", "ratios"):
+    for text in (
+        "agg tok/s",
+        "dec tok/s",
+        "prefill s",
+        "seq tok/s",
+        "tokenswift-batched",
+        "yes (2/2 vs tokenswift-sequential)",
+        "ratios",
+    ):
         assert text in table
     assert "batched ar / sequential ar" in table and "batched ar / hf batched" in table
     saved = json.loads((cfg.out / "results.json").read_text())
     assert saved["lossless"] is True and saved["config"]["batch_sizes"] == [1, 2]
     runs = saved["batch"]["runs"]
     assert len(runs) == 10 and runs[1]["method"] == "ar-batched" and runs[1]["identical"] is True
-    for key in ("aggregate_tokens_per_s", "per_sequence_tokens_per_s", "wall_s", "sequences", "identity_counts"):
+    for key in (
+        "aggregate_tokens_per_s",
+        "decode_tokens_per_s",
+        "prefill_s",
+        "per_sequence_tokens_per_s",
+        "wall_s",
+        "sequences",
+        "identity_counts",
+    ):
         assert key in runs[0]
     assert runs[1]["sequences"][0]["identity"] == "identical"
     assert set(saved["batch"]["summaries"][1]["ratios"]) == set(RATIOS)

@@ -150,11 +150,11 @@ class _BatchRunner:
         jobs = self.jobs(b)
         stats: dict[str, Any] = {}
         if name == HF_BATCH:
-            outcomes, wall = self._hf(method, jobs, n, tick)
+            outcomes, wall, prefill = self._hf(method, jobs, n, tick)
         elif name in (AR_SEQ, TS_SEQ):
-            outcomes, wall = self._sequential(method, jobs, n, tick)
+            outcomes, wall, prefill = self._sequential(method, jobs, n, tick)
         else:
-            outcomes, wall, stats = self._batched(method, jobs, n, b, tick)
+            outcomes, wall, prefill, stats = self._batched(method, jobs, n, b, tick)
         total = sum(len(o[0]) for o in outcomes)
         if total != b * n:
             raise RuntimeError(f"{name} generated {total} tokens at batch size {b}, expected {b * n}")
@@ -170,6 +170,8 @@ class _BatchRunner:
             sum(o[2] for o in outcomes) / len(outcomes),
             sum(accepted) / len(accepted) if accepted else None,
             sequences,
+            prefill_s=prefill,
+            decode_tokens_per_s=total / (wall - prefill) if wall > prefill else 0.0,
             stats=stats,
         )
         return run, outcomes
@@ -188,10 +190,10 @@ class _BatchRunner:
 
     def _sequential(
         self, method: Method, jobs: list[tuple[int, int]], n: int, tick: Tick
-    ) -> tuple[list[Outcome], float]:
+    ) -> tuple[list[Outcome], float, float]:
         """The B prompts one after another at batch size 1, with margins (the reference of the identity check)."""
         outcomes: list[Outcome] = []
-        done = 0
+        done, prefill = 0, 0.0
         t0 = self.now()
         for prompt, seed in jobs:
             stream = self.engine.stream(
@@ -203,11 +205,12 @@ class _BatchRunner:
             result = stream.result
             assert result is not None
             outcomes.append(_outcome(result))
-        return outcomes, self.now() - t0
+            prefill += result.stats["prefill_s"]
+        return outcomes, self.now() - t0, prefill
 
     def _batched(
         self, method: Method, jobs: list[tuple[int, int]], n: int, b: int, tick: Tick
-    ) -> tuple[list[Outcome], float, dict[str, Any]]:
+    ) -> tuple[list[Outcome], float, float, dict[str, Any]]:
         """All B prompts through `stream_many` at batch size B (fused drafting, eager forwards)."""
         requests = [self._request(prompt, seed, n, method) for prompt, seed in jobs]
         done = 0
@@ -219,9 +222,12 @@ class _BatchRunner:
         wall = self.now() - t0
         results = [r for r in stream.results if r is not None]
         assert len(results) == len(jobs), "every batched request finishes"
-        return [_outcome(r) for r in results], wall, {**stream.stats(), "stream_wall_s": stream.wall_s}
+        stats = {**stream.stats(), "stream_wall_s": stream.wall_s}
+        return [_outcome(r) for r in results], wall, stats["prefill_s"], stats
 
-    def _hf(self, method: Method, jobs: list[tuple[int, int]], n: int, tick: Tick) -> tuple[list[Outcome], float]:
+    def _hf(
+        self, method: Method, jobs: list[tuple[int, int]], n: int, tick: Tick
+    ) -> tuple[list[Outcome], float, float]:
         """transformers' batched generate: left padding, attention mask, the static cache of bench/hf.py."""
         prompts = [self.prompts[p] for p, _ in jobs]
         width = max(len(p) for p in prompts)
@@ -253,7 +259,8 @@ class _BatchRunner:
         wall = self.now() - t0
         decode_s = streamer.marks[-1][0] if streamer.marks else 0.0
         rate = n / decode_s if decode_s > 0 else 0.0  # every row decodes in lockstep
-        return [(out[row, width:].tolist(), None, rate, 1.0) for row in range(len(prompts))], wall
+        outcomes: list[Outcome] = [(out[row, width:].tolist(), None, rate, 1.0) for row in range(len(prompts))]
+        return outcomes, wall, streamer.prefill_s
 
 
 def _outcome(result: Any) -> Outcome:

@@ -21,6 +21,8 @@ BATCH_CSV_COLUMNS = (
     "wall_s",
     "new_tokens",
     "aggregate_tokens_per_s",
+    "prefill_s",
+    "decode_tokens_per_s",
     "per_sequence_tokens_per_s",
     "mean_accepted",
     "reference",
@@ -55,6 +57,8 @@ def batch_csv_row(run: BatchRun) -> dict[str, Any]:
         "wall_s": run.wall_s,
         "new_tokens": run.new_tokens,
         "aggregate_tokens_per_s": run.aggregate_tokens_per_s,
+        "prefill_s": run.prefill_s,
+        "decode_tokens_per_s": run.decode_tokens_per_s,
         "per_sequence_tokens_per_s": run.per_sequence_tokens_per_s,
         "mean_accepted": run.mean_accepted,
         "reference": run.reference,
@@ -88,27 +92,33 @@ def format_batch_table(report: BenchReport) -> str:
     """One row per (length, batch size, run), then that group's paired ratios."""
     batch = _batch(report)
     head = (
-        f"{'tokens':>8} {'B':>3} {'method':<22} {'wall s':>8} {'agg tok/s':>9} {'seq tok/s':>9} {'acc/step':>8}"
+        f"{'tokens':>8} {'B':>3} {'method':<22} {'wall s':>8} {'prefill s':>9} {'agg tok/s':>9} {'dec tok/s':>9} "
+        f"{'seq tok/s':>9} {'acc/step':>8}"
         "  identical"
     )
     lines = [head, "-" * len(head)]
     for s in batch.summaries:
         for run in (r for r in batch.runs if (r.batch_size, r.gen_len) == (s.batch_size, s.gen_len)):
             lines.append(
-                f"{run.gen_len:>8,} {run.batch_size:>3} {run.method:<22} {run.wall_s:>8.2f} "
-                f"{run.aggregate_tokens_per_s:>9.1f} {run.per_sequence_tokens_per_s:>9.1f} "
+                f"{run.gen_len:>8,} {run.batch_size:>3} {run.method:<22} {run.wall_s:>8.2f} {run.prefill_s:>9.2f} "
+                f"{run.aggregate_tokens_per_s:>9.1f} {run.decode_tokens_per_s:>9.1f} "
+                f"{run.per_sequence_tokens_per_s:>9.1f} "
                 f"{_f(run.mean_accepted, 2):>8}  {identity_label(run, report.config.sampling.greedy)}"
             )
         ratios = [f"{RATIO_LABELS[k]} {v:.2f}x" for k, v in s.ratios.items() if v is not None]
         if ratios:
-            lines.append(f"{s.gen_len:>8,} {s.batch_size:>3} ratios (aggregate tok/s): " + "; ".join(ratios))
+            lines.append(f"{s.gen_len:>8,} {s.batch_size:>3} ratios (agg tok/s): " + "; ".join(ratios))
+        decode = [f"{RATIO_LABELS[k]} {v:.2f}x" for k, v in s.decode_ratios.items() if v is not None]
+        if decode:
+            lines.append(f"{s.gen_len:>8,} {s.batch_size:>3} ratios (dec tok/s): " + "; ".join(decode))
     env = report.environment
     lines.append(
         f"device {env['device_name']} ({env['dtype']}), {env['cpu']}; prompts: {report.prompts.source} "
         f"({report.config.prompt_len} tokens); sampling: {sampling_label(report.config.sampling)}"
     )
     lines.append(
-        "agg tok/s: all B sequences' new tokens / the run's wall time (prefills included); seq tok/s: the mean "
+        "agg tok/s: all B sequences' new tokens / the run's wall time (prefills included); dec tok/s: the same "
+        "over the wall time less the prefills; seq tok/s: the mean "
         "of each sequence's own decoding rate; hf-batched differences are reported, never failed (padding and "
         "batched kernels change transformers' numerics)"
     )
@@ -161,7 +171,15 @@ def batch_summary_json(report: BenchReport) -> str:
             },
             "ratios": {
                 str(n): {
-                    f"B={s.batch_size}": {k: None if v is None else round(v, 3) for k, v in s.ratios.items()}
+                    f"B={s.batch_size}": {k: _round(v) for k, v in s.ratios.items()}
+                    for s in batch.summaries
+                    if s.gen_len == n
+                }
+                for n in lengths
+            },
+            "decode_ratios": {
+                str(n): {
+                    f"B={s.batch_size}": {k: _round(v) for k, v in s.decode_ratios.items()}
                     for s in batch.summaries
                     if s.gen_len == n
                 }
@@ -170,6 +188,10 @@ def batch_summary_json(report: BenchReport) -> str:
         },
         separators=(",", ":"),
     )
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
 
 
 def sampling_label(s: SamplingConfig) -> str:

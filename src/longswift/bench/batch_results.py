@@ -24,7 +24,8 @@ BATCH_METHODS = (AR_SEQ, AR_BATCH, TS_SEQ, TS_BATCH, HF_BATCH)  # the order of t
 REFERENCES = {AR_BATCH: AR_SEQ, TS_BATCH: TS_SEQ, TS_SEQ: AR_SEQ, HF_BATCH: AR_SEQ}
 LOSSLESS = (AR_BATCH, TS_BATCH, TS_SEQ)  # runs whose differences fail the bench; transformers' never do
 
-# name -> (numerator, denominator), ratios of aggregate tokens/s within one (batch size, length)
+# name -> (numerator, denominator), ratios of aggregate tokens/s within one (batch size, length); the same of
+# the aggregate without prefills in `decode_ratios`
 RATIOS = {
     "batched_ar_vs_sequential_ar": (AR_BATCH, AR_SEQ),
     "batched_tokenswift_vs_batched_ar": (TS_BATCH, AR_BATCH),
@@ -62,6 +63,8 @@ class BatchRun:
     mean_accepted: float | None
     sequences: list[BatchSequence]
     reference: str | None = None  # the method whose tokens these were compared with
+    prefill_s: float = 0.0  # of that wall time, the prefills (transformers': prompt -> first token, as hf.py)
+    decode_tokens_per_s: float = 0.0  # all new tokens / (wall - prefill): the aggregate without the prefills
     stats: dict[str, Any] = field(default_factory=dict)  # batched runs: the batch's counts (BatchStream.stats)
 
     def identity_counts(self) -> dict[str, int]:
@@ -85,6 +88,7 @@ class BatchSummary:
     batch_size: int
     gen_len: int
     ratios: dict[str, float | None]
+    decode_ratios: dict[str, float | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -111,12 +115,15 @@ class BatchReport:
         for gen_len in sorted({r.gen_len for r in self.runs}):
             for b in self.batch_sizes:
                 ratios: dict[str, float | None] = {}
+                decode: dict[str, float | None] = {}
                 for name, (top, bottom) in RATIOS.items():
                     a, z = self.run(top, b, gen_len), self.run(bottom, b, gen_len)
-                    ratios[name] = None
+                    ratios[name] = decode[name] = None
                     if a is not None and z is not None and z.aggregate_tokens_per_s > 0:
                         ratios[name] = a.aggregate_tokens_per_s / z.aggregate_tokens_per_s
-                self.summaries.append(BatchSummary(b, gen_len, ratios))
+                    if a is not None and z is not None and z.decode_tokens_per_s > 0:
+                        decode[name] = a.decode_tokens_per_s / z.decode_tokens_per_s
+                self.summaries.append(BatchSummary(b, gen_len, ratios, decode))
 
     def to_dict(self) -> dict[str, Any]:
         return {
