@@ -7,7 +7,7 @@ What the CLI (`longswift bench`) is expected to expose, each flag mapping onto o
                     --gen-lengths 2048,8192,20480 [--prompt-len 2048] [--prompts FILE]
                     [--greedy | --sample] [--repetition-penalty 1.2] [--penalty-window 1024]
                     [--repeats N] [--warmup-tokens 32] [--seed 0]
-                    [--device auto|cpu|cuda[:N]] [--dtype auto|fp32|bf16|fp16]
+                    [--batch-sizes 1,4,8] [--device auto|cpu|cuda[:N]] [--dtype auto|fp32|bf16|fp16]
                     --out DIR [--profile] [--profile-lengths 1024,4096,...] [--profile-queries 1,2,4,...]
 
 Methods (`parse_methods`): `ar` (longswift's autoregressive baseline), `tokenswift` (longswift's TokenSwift, optionally
@@ -31,11 +31,16 @@ Layout (dependencies point down this list, never up):
 - `hf`: the transformers baselines (generate() kwargs, logits processors, the timing streamer).
 - `results`: `RunRecord`, `MethodSummary`, `BenchReport`, the identity check and the summaries.
 - `output`: the environment facts, results.json/.csv, plots, `format_table` and `summary_json`.
-- `runner`: `run_bench`, which ties them together.
+- `preparation`: what every run checks first (`resolve_model`, the output directory, the lengths).
+- `batch_results`, `batch_output`, `batch`: the batch bench (`--batch-sizes`): batched against sequential
+  decoding, its records, table and files, and `run_batch_bench`.
+- `runner`: `run_bench`, which ties them together (and hands `--batch-sizes` runs to `run_batch_bench`).
 """
 
 from __future__ import annotations
 
+from .batch import run_batch_bench
+from .batch_results import BatchReport, BatchRun, BatchSequence
 from .config import DEFAULT_GREEDY, TENTHS, BenchConfig, bench_sampling, parse_ints
 from .hf import WindowedRepetitionPenalty, hf_cache_kwargs, hf_processing
 from .methods import ENGINE_KINDS, HF_KINDS, METHOD_KINDS, Method, parse_methods
@@ -55,6 +60,10 @@ from .results import (
 from .runner import resolve_model, run_bench, with_device_defaults
 
 __all__ = [
+    "BatchReport",
+    "BatchRun",
+    "BatchSequence",
+    "run_batch_bench",
     "CONTROLLER_STATS",
     "CSV_COLUMNS",
     "DEFAULT_GREEDY",

@@ -36,6 +36,7 @@ class BenchConfig:
     warmup_tokens: int = 32  # tokens of the untimed warm-up generation per method
     curve_points: int = 100  # points of the stored cumulative-time curve
     profile: ProfileConfig | None = None  # also run the cost profile (on the loaded model) when set
+    batch_sizes: tuple[int, ...] = ()  # the batch bench (batch.py) at these batch sizes instead; () = the plain bench
 
     def __post_init__(self) -> None:
         _check(len(self.methods) >= 1, "no methods to benchmark")
@@ -53,6 +54,27 @@ class BenchConfig:
         _check(
             self.curve_points >= TENTHS and self.curve_points % TENTHS == 0,
             f"curve points must be a positive multiple of {TENTHS}, got {self.curve_points}",
+        )
+        if self.batch_sizes:
+            self._check_batch()
+
+    def _check_batch(self) -> None:
+        """The batch bench runs ar, one tokenswift and hf, each batched and (longswift's) sequentially."""
+        sizes = list(self.batch_sizes)
+        _check(all(b >= 1 for b in sizes), f"batch sizes must be >= 1, got {sizes}")
+        _check(len(set(sizes)) == len(sizes), f"a batch size is listed twice in {sizes}")
+        _check(self.repeats == 1, "--repeats is not supported with --batch-sizes (one run per batch size)")
+        kinds = [m.kind for m in self.methods]
+        _check(kinds.count("tokenswift") <= 1, "--batch-sizes runs one tokenswift method; list only one")
+        _check(kinds.count("hf") <= 1, "--batch-sizes runs one hf method; list only one")
+        _check(
+            any(k in ("ar", "tokenswift") for k in kinds), "--batch-sizes needs the method ar or tokenswift (or both)"
+        )
+        _check(
+            all(m.replay is None for m in self.methods), "--batch-sizes: batched decoding drafts with the heads only"
+        )
+        _check(
+            all(m.attention == "auto" for m in self.methods), "--batch-sizes: attn=dense is for the one-sequence bench"
         )
 
 

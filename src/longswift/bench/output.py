@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from ..config import SamplingConfig
+from .batch_output import batch_summary_json, format_batch_table
+from .batch_output import sampling_label as _sampling_label
 from .config import TENTHS
 from .metrics import milestone_targets
 from .profile import write_profile
@@ -157,7 +158,9 @@ def write_plots(report: BenchReport, out: Path) -> list[Path]:
 
 
 def format_table(report: BenchReport) -> str:
-    """A fixed-width table of the summaries, one row per (length, method)."""
+    """A fixed-width table of the summaries, one row per (length, method); the batch bench's own table."""
+    if report.batch is not None:
+        return format_batch_table(report)
     head = (
         f"{'tokens':>8} {'method':<36} {'prefill s':>9} {'decode s':>9} {'tok/s':>8} {'vs ar':>6} {'vs hf':>6} "
         f"{'acc/step':>8} {'α':>5} {'ngram':>5} {'dist-4':>6} {'mem MB':>8}  identical"
@@ -227,13 +230,10 @@ def _f(v: float | None, digits: int) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
-def _sampling_label(s: SamplingConfig) -> str:
-    mode = "greedy" if s.greedy else f"T={s.temperature}, min-p={s.min_p}"
-    return f"{mode}, penalty {s.repetition_penalty} over {s.penalty_window or 'all'} tokens"
-
-
 def summary_json(report: BenchReport) -> str:
-    """One line of JSON: the speedups and the lossless verdict, for logs and CI."""
+    """One line of JSON: the speedups and the lossless verdict, for logs and CI (the batch bench: its own)."""
+    if report.batch is not None:
+        return batch_summary_json(report)
     return json.dumps(
         {
             "model": report.environment["model"],

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .batch_results import BatchReport
 from .config import TENTHS, BenchConfig
 from .identity import NEAR_TIE_FP32, compare
 from .methods import ENGINE_KINDS, Method
@@ -103,6 +104,7 @@ class BenchReport:
     runs: list[RunRecord] = field(default_factory=list)
     summaries: list[MethodSummary] = field(default_factory=list)
     profile: ProfileReport | None = None
+    batch: BatchReport | None = None  # the batch bench (--batch-sizes): its runs instead of runs/summaries
     files: list[Path] = field(default_factory=list)
     started_at: str = ""
     finished_at: str = ""
@@ -112,10 +114,13 @@ class BenchReport:
 
     def lossless(self) -> bool | None:
         """False if any comparable method differed from the reference; None if nothing was comparable."""
+        if self.batch is not None:
+            return self.batch.lossless()
         checks = [s.identical for s in self.summaries if s.identical is not None]
         return all(checks) if checks else None
 
     def to_dict(self) -> dict[str, Any]:
+        batch = {"batch": self.batch.to_dict()} if self.batch is not None else {}
         return {
             "config": _jsonable(self.config),
             "environment": self.environment,
@@ -132,6 +137,7 @@ class BenchReport:
             "runs": [asdict(r) for r in self.runs],
             "profile": self.profile.to_dict() if self.profile else None,
             "files": [str(f) for f in self.files],
+            **batch,
         }
 
 

@@ -4,48 +4,51 @@ write the results; `_Runner` runs one method once and owns the clock."""
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
-import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
-from ..config import Mode, SpeculationConfig
+from ..config import Mode
 from ..decode.replay import ReplayDrafter
-from ..errors import CheckpointError, ConfigError, PromptError
 from ..jobs.request import GenerationRequest
 from ..model.checkpoint import Checkpoint
+from .batch import run_batch_bench
 from .config import BenchConfig
 from .hf import _load_hf, _quiet_transformers, _StreamMarks, hf_cache_kwargs, hf_processing
 from .identity import near_tie_bound
 from .methods import HF_KINDS, Method
 from .output import environment, write_results
 from .peak_memory import PeakMemory
+from .preparation import check_fits, now_iso, prepare_out, resolve_model, with_device_defaults
 from .profile import run_profile
 from .progress import Progress, _Tracker
-from .prompts import PACKAGE_DIR, load_prompts
+from .prompts import load_prompts
 from .results import BenchReport, RunRecord, _check_identity, _Observation, _record, summarize
 
 
 def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport:
-    """Load the model once, warm every method up, time every (length, repeat, method), write results under cfg.out."""
+    """Load the model once, warm every method up, time every (length, repeat, method), write results under cfg.out.
+
+    With `cfg.batch_sizes` it runs the batch bench instead (`batch.run_batch_bench`)."""
     from ..api import load
 
+    if cfg.batch_sizes:  # the batch bench: batched against sequential decoding (batch.py)
+        return run_batch_bench(cfg, progress)
     track = _Tracker(cfg, progress)
-    _prepare_out(cfg.out)
+    prepare_out(cfg.out)
     model_dir, heads = resolve_model(cfg)
     track.phase("load")
-    _check_fits(Checkpoint.open(model_dir).config.max_position_embeddings, cfg)
+    check_fits(Checkpoint.open(model_dir).config.max_position_embeddings, cfg)
     engine = load(model_dir, heads=heads, device=cfg.device, dtype=cfg.dtype, threads=cfg.threads)
     cfg = with_device_defaults(cfg, engine.device.type)
     prompts = load_prompts(engine.tokenizer, cfg.prompts, cfg.prompt_len, min(cfg.repeats, 64))
     runner = _Runner(engine, cfg, _load_hf(engine) if any(m.kind in HF_KINDS for m in cfg.methods) else None)
-    report = BenchReport(cfg, environment(engine, model_dir, heads), prompts, started_at=_now())
+    report = BenchReport(cfg, environment(engine, model_dir, heads), prompts, started_at=now_iso())
     (cfg.out / "runs.jsonl").write_text("", encoding="utf-8")
     for method in cfg.methods:
         track.phase("warmup", method.name)
@@ -61,73 +64,16 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport
     if cfg.profile is not None:
         track.phase("profile")
         report.profile = run_profile(engine.model, cfg.profile, lambda done, cells: track.phase("profile", tokens=done))
-    report.finished_at = _now()
+    report.finished_at = now_iso()
     report.files = write_results(report, cfg.out)
     track.phase("done")
     return report
-
-
-def with_device_defaults(cfg: BenchConfig, device_type: str) -> BenchConfig:
-    """Plain `tokenswift` runs the engine's defaults for the device; write them into the config, so that
-    results.json says which tree and n-gram settings ran even after the defaults change."""
-    methods = tuple(
-        replace(m, speculation=SpeculationConfig.for_device(device_type))
-        if m.kind == "tokenswift" and m.speculation is None
-        else m
-        for m in cfg.methods
-    )
-    return replace(cfg, methods=methods)
 
 
 def _append_runs(path: Path, records: list[RunRecord]) -> None:
     """Each finished repeat is saved at once, so hours of measurements survive an interrupted run."""
     with open(path, "a", encoding="utf-8") as f:
         f.writelines(json.dumps(asdict(r)) + "\n" for r in records)
-
-
-def resolve_model(cfg: BenchConfig) -> tuple[Path, Path | None]:
-    """The model directory (default: the embedded model) and the heads file (default: <model>/heads.safetensors)."""
-    model = cfg.model or PACKAGE_DIR / "default_model"
-    if cfg.model is None and not (model / "config.json").is_file():
-        raise ConfigError("--model is required (no embedded default model is installed)")
-    heads = cfg.heads
-    if heads is None and (model / "heads.safetensors").is_file():
-        heads = model / "heads.safetensors"
-    if heads is None and any(m.kind == "tokenswift" for m in cfg.methods) and not _embeds_heads(model):
-        raise ConfigError(f"method tokenswift needs draft heads: pass --heads FILE (none found in {model})")
-    return model, heads  # heads None with embedded blocks: `load` picks those up
-
-
-def _embeds_heads(model: Path) -> bool:
-    """A released TokenSwift checkpoint: its draft blocks live in the model's own weights."""
-    from ..model.released import embedded_block_count
-
-    try:
-        return embedded_block_count(Checkpoint.open(model)) > 0
-    except CheckpointError:
-        return False  # a missing or broken directory: say that heads are missing, as for any other model
-
-
-def _prepare_out(out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot create output directory {out}: {exc.strerror}") from None
-    if not os.access(out, os.W_OK):
-        raise ConfigError(f"cannot write to output directory {out}")
-
-
-def _check_fits(limit: int, cfg: BenchConfig) -> None:
-    need = cfg.prompt_len + max(cfg.gen_lengths)
-    if need > limit:
-        raise PromptError(
-            f"prompt ({cfg.prompt_len:,} tokens) + the longest generation ({max(cfg.gen_lengths):,}) "
-            f"needs {need:,} positions but the model supports {limit:,}"
-        )
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
 class _Runner:

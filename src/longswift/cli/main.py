@@ -225,6 +225,11 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
         default="2048,8192,20480",
         help="comma-separated numbers of new tokens (default 2048,8192,20480)",
     )
+    p.add_argument(
+        "--batch-sizes",
+        help="comma-separated batch sizes, e.g. 1,4,8: time ar, tokenswift and hf batched on B prompts against "
+        "longswift's sequential runs instead (default: the one-sequence bench)",
+    )
     p.add_argument("--prompt-len", type=int, default=2048, help="prompt tokens (default 2048)")
     p.add_argument("--prompts", type=Path, help='JSONL of {"text": ...} (default: the embedded held-out prompts)')
     s = p.add_argument_group("sampling (the same for every method)")
@@ -284,6 +289,7 @@ def cmd_bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         seed=args.seed,
         warmup_tokens=args.warmup_tokens,
         profile=profile,
+        batch_sizes=() if args.batch_sizes is None else parse_ints(args.batch_sizes, "--batch-sizes"),
     )
     report = run_bench(cfg, None if args.quiet else _bench_progress(err))
     out.write(format_table(report) + "\n")
