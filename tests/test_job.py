@@ -19,7 +19,7 @@ from longswift.jobs.state import JobState
 
 from .test_tokenswift import random_heads
 
-N = 1500
+N = 800  # the interrupt comes at >= 200 tokens (checkpoints every 100): 600 tokens of margin
 
 
 def generate_args(
