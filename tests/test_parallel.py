@@ -37,11 +37,14 @@ ENV = {
     "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")]),
 }
 PROMPT = "It was the best of times"
+# Lengths: every TP=2 token costs two gloo all-reduces per layer (most of this module's time on 2 shared cores);
+# on CPUs the default speculation (fused drafting, no partial cache) has nothing that changes with the length
+# below ~1,000 rows, where the cost model first recalibrates.
 CASES = [
-    {"mode": "ar", "sample": False, "n": 500},
-    {"mode": "tokenswift", "sample": False, "n": 500},
-    {"mode": "tokenswift", "sample": True, "n": 300, "seed": 3},
-    {"mode": "ar", "sample": True, "n": 200, "seed": 4},
+    {"mode": "ar", "sample": False, "n": 250},
+    {"mode": "tokenswift", "sample": False, "n": 300},
+    {"mode": "tokenswift", "sample": True, "n": 200, "seed": 3},
+    {"mode": "ar", "sample": True, "n": 150, "seed": 4},
 ]
 
 
@@ -53,11 +56,28 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum({p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}.values())
 
 
-@pytest.mark.parametrize("arch", ["llama_gqa_llama3", "llama_mha"])
-def test_tp2_equals_tp1_with_half_the_weights_per_rank(arch, checkpoint_factory, tmp_path):
-    model = checkpoint_factory(arch)
-    heads = random_heads(model, 0)
-    spec = {"model": str(model), "heads": heads, "prompt": PROMPT, "cases": CASES, "out": str(tmp_path)}
+TP_ARCHS = ["llama_gqa_llama3", "llama_mha"]
+
+
+@pytest.fixture(scope="module")
+def tp2_launch(checkpoint_factory, tiny_llama, tmp_path_factory) -> dict:
+    """One torchrun launch of 2 ranks for the module: the CASES of every TP_ARCHS model (tp_worker.py), then the
+    uninterrupted `longswift generate --tp 2` job that the SIGINT test resumes to. Each launch starts three
+    interpreters (about 10 s here before any work), so the three runs share one.
+
+    -> {"ranks": [rank0, rank1] (each {"models": [per arch], "commands": [exit statuses]}), "heads": {arch: path},
+        "reference": (text file, checkpoint) of the generate job}."""
+    out = tmp_path_factory.mktemp("tp2")
+    models = {arch: checkpoint_factory(arch) for arch in TP_ARCHS}
+    heads = {arch: random_heads(path, 0) for arch, path in models.items()}
+    reference = (out / "ref.txt", out / "ref.json")
+    spec = {
+        "models": [
+            {"model": str(models[arch]), "heads": heads[arch], "prompt": PROMPT, "cases": CASES} for arch in TP_ARCHS
+        ],
+        "commands": [generate_tp2_args(tiny_llama, random_heads(tiny_llama, 0), *reference)],
+        "out": str(out),
+    }
     proc = subprocess.run(
         torchrun(str(HERE / "tp_worker.py"), json.dumps(spec)),
         env=ENV,
@@ -67,7 +87,16 @@ def test_tp2_equals_tp1_with_half_the_weights_per_rank(arch, checkpoint_factory,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["commands"] for r in ranks] == [[0], [0]], proc.stderr[-3000:]
+    return {"ranks": ranks, "heads": heads, "reference": reference}
+
+
+@pytest.mark.parametrize("arch", TP_ARCHS)
+def test_tp2_equals_tp1_with_half_the_weights_per_rank(arch, checkpoint_factory, tp2_launch):
+    model = checkpoint_factory(arch)
+    heads = tp2_launch["heads"][arch]
+    ranks = [r["models"][TP_ARCHS.index(arch)] for r in tp2_launch["ranks"]]
 
     engine = longswift.load(model, heads=heads, device="cpu", dtype="fp32")
     full = engine.checkpoint.config
@@ -164,10 +193,9 @@ def test_tp_size_mismatch_is_refused_on_resume(tiny_llama):
         engine.generate(PROMPT, 20, sampling=SamplingConfig(temperature=0), ignore_eos=True, resume=saved)
 
 
-def generate_tp2(model: Path, heads: str, out: Path, ckpt: Path, *extra: str) -> list[str]:
-    return torchrun(
-        "-m",
-        "longswift",
+def generate_tp2_args(model: Path, heads: str, out: Path, ckpt: Path, *extra: str) -> list[str]:
+    """`longswift generate --tp 2` arguments of the SIGINT test's job."""
+    return [
         "generate",
         "--model",
         str(model),
@@ -190,13 +218,17 @@ def generate_tp2(model: Path, heads: str, out: Path, ckpt: Path, *extra: str) ->
         "30",
         "--quiet",
         *extra,
-    )
+    ]
 
 
-def test_sigint_and_resume_at_tp2_equals_an_uninterrupted_run(tiny_llama, tmp_path):
+def generate_tp2(*args) -> list[str]:
+    return torchrun("-m", "longswift", *generate_tp2_args(*args))
+
+
+def test_sigint_and_resume_at_tp2_equals_an_uninterrupted_run(tiny_llama, tmp_path, tp2_launch):
+    """The uninterrupted TP=2 reference ran in the module's shared launch (tp2_launch)."""
     heads = random_heads(tiny_llama, 0)
-    ref_out, ref_ckpt = tmp_path / "ref.txt", tmp_path / "ref.json"
-    run_ok(generate_tp2(tiny_llama, heads, ref_out, ref_ckpt))
+    ref_out, ref_ckpt = tp2_launch["reference"]
     out, ckpt = tmp_path / "out.txt", tmp_path / "job.json"
     proc = subprocess.Popen(generate_tp2(tiny_llama, heads, out, ckpt), env=ENV, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
@@ -256,7 +288,7 @@ BATCH = [
     {"id": "first", "prompt": "It was the best of times"},
     {"id": "second", "prompt": "To be, or not to be", "seed": 7},
     {"id": "bad", "prompt": "x" * 5000},  # longer than the model's 4,096 positions: fails alone
-    {"prompt": "whether 'tis nobler in the mind", "max_new_tokens": 900},
+    {"prompt": "whether 'tis nobler in the mind", "max_new_tokens": 450},
     {"id": "fifth", "prompt": "the age of wisdom"},
 ]
 
@@ -273,7 +305,7 @@ def batch_argv(model: Path, heads: str, prompts: Path, out_dir: Path) -> list[st
         "--out-dir",
         str(out_dir),
         "--max-new-tokens",
-        "1200",
+        "600",
         "--ignore-eos",
         "--seed",
         "1",
@@ -321,7 +353,7 @@ def test_batch_over_two_processes_killed_and_rerun_equals_one_process(tiny_llama
         stem = line["output"].removesuffix(".txt")
         # nothing generated twice: an interrupted job continued from its checkpoint, the others from zero
         assert line["stats"]["resumed_tokens"] == saved.get(stem, 0), line["id"]
-    assert lines[3]["tokens"] == 900 and lines[0]["tokens"] == 1200
+    assert lines[3]["tokens"] == 450 and lines[0]["tokens"] == 600
 
 
 def _unfinished(out: Path) -> list[Path]:

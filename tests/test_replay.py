@@ -9,6 +9,7 @@ from longswift.bench.methods import Replay, parse_methods
 from longswift.decode.replay import ReplayDrafter
 from longswift.errors import ConfigError
 
+from .test_speculation import LOCKSTEP, seeded_ar_ids
 from .test_tokenswift import N_LONG, PROMPT, ar_ids, engine_for
 
 PENALTY = SamplingConfig(repetition_penalty=1.3, penalty_window=64)
@@ -36,10 +37,9 @@ def test_replay_output_is_ar_and_acceptance_is_as_asked(accept, tiny_llama):
 
 def test_replay_under_seeded_sampling_follows_the_seeded_ar_run(tiny_llama):
     engine = engine_for(tiny_llama)
-    sampling = SamplingConfig(temperature=1.0, min_p=0.05, repetition_penalty=1.3, penalty_window=16)
-    ar = engine.generate(PROMPT, 300, sampling=sampling, seed=5, ignore_eos=True, mode="ar")
-    run = replay_run(engine, engine.encode(PROMPT) + ar.token_ids, 1.0, 3, 300, sampling, seed=5)
-    assert run.token_ids == ar.token_ids
+    ar = list(seeded_ar_ids(tiny_llama, 5))  # the seeded AR run test_speculation's lockstep test compares with
+    run = replay_run(engine, engine.encode(PROMPT) + ar, 1.0, 3, 300, LOCKSTEP, seed=5)
+    assert run.token_ids == ar
     assert run.stats["mean_accepted"] > 3.5  # every drafted token right: depth + 1 per step, bar the last step
 
 

@@ -372,15 +372,17 @@ class ProcessServer:
         self.proc.wait(60)
 
 
-def test_job_resumes_after_the_server_is_killed(tmp_path):
-    total, every = 1200, 64
+def test_job_resumes_after_the_server_is_killed(tmp_path, references):
+    """The job is the seeded setting's, so its uninterrupted text is the module's `longswift generate` reference;
+    killed after 3 periodic checkpoints, well before its N tokens are done."""
+    total, every = N, 32
     jobs = tmp_path / "jobs"
-    reference = generate_cli(tmp_path, "--max-new-tokens", str(total), "--ignore-eos", "--seed", "5")
+    reference = references["seeded"]
     request = {
         "model": MODEL,
         "prompt": PROMPT,
         "max_tokens": total,
-        "seed": 5,
+        **SETTINGS["seeded"][0],
         "extra_body": {"ignore_eos": True, "job_id": "story-1"},
     }
     flags = ("--jobs-dir", str(jobs), "--checkpoint-every", str(every))
