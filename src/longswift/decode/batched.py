@@ -174,8 +174,10 @@ class BatchDecoder:
         kind = self._kind
         speculative = kind == "draft" and any(s.mode == "tokenswift" for s in seqs)
         t = self.timer.now()
-        if speculative and self.budget.calibrate_if_due(priced, context):
-            self.timer.add("calibrate", t)  # a batch of AR rows (or an AR step) has nothing to choose
+        # A batch of AR rows (or an AR step) has nothing to choose; a batch still filling up would time widths
+        # for row counts it is about to outgrow.
+        if speculative and not self.joining and self.budget.calibrate_if_due(priced, context):
+            self.timer.add("calibrate", t)
         t0 = self.timer.now()
         tries = [self._candidates(s) if speculative else Trie.rooted(s.context.last) for s in seqs]
         if speculative:
