@@ -10,9 +10,8 @@ from pathlib import Path
 
 from ..config import SpeculationConfig
 from ..errors import CheckpointError, ConfigError, PromptError
-from ..model.checkpoint import Checkpoint
+from ..model.checkpoint import Checkpoint, model_dir_or_default
 from .config import BenchConfig
-from .prompts import PACKAGE_DIR
 
 
 def with_device_defaults(cfg: BenchConfig, device_type: str) -> BenchConfig:
@@ -29,9 +28,7 @@ def with_device_defaults(cfg: BenchConfig, device_type: str) -> BenchConfig:
 
 def resolve_model(cfg: BenchConfig) -> tuple[Path, Path | None]:
     """The model directory (default: the embedded model) and the heads file (default: <model>/heads.safetensors)."""
-    model = cfg.model or PACKAGE_DIR / "default_model"
-    if cfg.model is None and not (model / "config.json").is_file():
-        raise ConfigError("--model is required (no embedded default model is installed)")
+    model = model_dir_or_default(cfg.model)  # the one place that says there is neither
     heads = cfg.heads
     if heads is None and (model / "heads.safetensors").is_file():
         heads = model / "heads.safetensors"

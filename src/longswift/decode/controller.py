@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -113,6 +113,29 @@ class AcceptanceStats:
         key = f"{source[0]} d{source[1]}" if isinstance(source, tuple) else str(source)
         self.totals[key + " offered"] += 1
         self.totals[key + " accepted"] += hit
+
+
+class Hindsight:
+    """Candidate tries waiting until the tokens after their root are decided, then taught to `learn`."""
+
+    def __init__(self, learn: Callable[[Trie, Sequence[int]], None]) -> None:
+        self.learn = learn
+        self._waiting: deque[tuple[Trie, int]] = deque()
+
+    def offer(self, trie: Trie, root: int) -> None:
+        """`trie`'s root is decided token number `root`; its continuation is learned once decided."""
+        if len(trie) > 1:
+            self._waiting.append((trie, root))
+
+    def catch_up(self, decided: list[int]) -> None:
+        """Teach every waiting trie whose continuation `decided` now holds."""
+        while self._waiting:
+            trie, root = self._waiting[0]
+            depth = trie.max_depth()
+            if root + depth >= len(decided):
+                return
+            self._waiting.popleft()
+            self.learn(trie, decided[root + 1 : root + 1 + depth])
 
 
 def _prior(source: Hashable) -> float:

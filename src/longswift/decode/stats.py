@@ -7,8 +7,11 @@ have always written, so readers of those files see the same keys; code inside lo
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from .tree import Trie
 
 
 @dataclass(frozen=True)
@@ -82,3 +85,44 @@ class DecoderStats:
         if self.compile is not None:
             out["compile"] = self.compile
         return out
+
+
+class StepCounts:
+    """A speculative decoder's per-step counters (single-sequence TokenSwift, one row of a batch)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.accepted = 0
+        self.accepted_ngram = 0
+        self.per_step: Counter[int] = Counter()
+        self.verified: Counter[int] = Counter()
+        self.step_accepted: list[int] = []  # draft tokens accepted by each step, in order (bound.py's repetition)
+
+    def record(self, verified: Trie, nodes: list[int]) -> None:
+        """One step that verified `verified` and accepted its `nodes`."""
+        self.steps += 1
+        self.accepted += len(nodes)
+        self.accepted_ngram += sum(not verified.from_tree[n] for n in nodes)
+        self.per_step[len(nodes) + 1] += 1
+        self.step_accepted.append(len(nodes))
+        self.verified[len(verified)] += 1
+
+    def speculation(
+        self, depth: int, hindsight: dict[str, dict[str, float]], draft: str, candidates: str
+    ) -> SpeculationStats:
+        """`depth`: the deepest candidate path (the paper's γ + 1), for α."""
+        steps = max(self.steps, 1)
+        return SpeculationStats(
+            steps=self.steps,
+            mean_accepted=sum(k * v for k, v in self.per_step.items()) / steps,
+            # The paper's α with γ+1 = the deepest candidate (head tree or n-gram chain), so α <= 1.
+            acceptance_rate=self.accepted / (depth * steps),
+            ngram_share=self.accepted_ngram / self.accepted if self.accepted else 0.0,
+            tokens_per_step={str(k): v for k, v in sorted(self.per_step.items())},
+            verified_nodes={str(k): v for k, v in sorted(self.verified.items())},
+            mean_verified_nodes=sum(k * v for k, v in self.verified.items()) / steps,
+            root_only_share=self.verified.get(1, 0) / steps,
+            hindsight_acceptance=hindsight,
+            draft=draft,
+            candidates=candidates,
+        )

@@ -14,8 +14,6 @@ Drafting and choosing can only change how many tokens a step accepts, never whic
 
 from __future__ import annotations
 
-from collections import Counter, deque
-
 import torch
 from torch import Tensor
 
@@ -24,12 +22,12 @@ from ..model.cache import KVCache
 from ..model.compiled import node_bucket
 from ..model.transformer import QueryLog, Transformer
 from .candidates import candidate_trie
-from .controller import STEP_KINDS, Controller, StepGate
+from .controller import STEP_KINDS, Controller, Hindsight, StepGate
 from .drafting import Draft, Drafter
 from .loop import Context, EagerForward, Forward, Timer, compile_counts, forward_counts, prefill, reuse, warm_up
 from .ngram import HistoryLookup, NGramTable
 from .sampling import TokenChooser
-from .stats import ControllerStats, DecoderStats, SpeculationStats, StepTimes
+from .stats import ControllerStats, DecoderStats, StepCounts, StepTimes
 from .tree import Trie
 from .verify import walk
 
@@ -85,13 +83,8 @@ class TokenSwiftDecoder:
         self.gate = StepGate(STEP_KINDS if adaptive else ("draft",))
         self.log = QueryLog(row=-1) if drafter.needs_queries else None  # only the partial cache reads queries
         self._positions = torch.arange(capacity + spec.max_depth() + 1, device=model.device)
-        self._learning: deque[tuple[Trie, int]] = deque()  # candidate tries waiting for their hindsight
-        self.steps = 0
-        self.accepted = 0
-        self.accepted_ngram = 0
-        self.per_step: Counter[int] = Counter()
-        self.step_accepted: list[int] = []  # draft tokens accepted by each step, in order (bound.py's repetition)
-        self.verified: Counter[int] = Counter()
+        self.hindsight = Hindsight(self.controller.learn)  # candidate tries waiting for their decided tokens
+        self.counts = StepCounts()
         self.predicted_s = 0.0
         self.measured_s = 0.0
 
@@ -132,12 +125,11 @@ class TokenSwiftDecoder:
         t3 = self.timer.add("verify", t2)
         self.drafter.observe(hidden[result.nodes[-1] if result.nodes else 0])
         self.cache.commit([0] + result.nodes)
-        if len(candidates) > 1:
-            self._learning.append((candidates, self.context.length - 1))
+        self.hindsight.offer(candidates, self.context.length - 1)
         self.context.extend(result.tokens)
         self.ngrams.add(result.tokens)
-        self._learn()
-        self._count(trie, result.nodes)
+        self.hindsight.catch_up(self.context.host)
+        self.counts.record(trie, result.nodes)
         t4 = self.timer.add("bookkeeping", t3)
         if kind != "plain":  # the overhead the controller weighs is that of steps with candidates
             self.controller.measured(len(trie), self.cache.length, t4 - t0)
@@ -152,17 +144,6 @@ class TokenSwiftDecoder:
         return candidate_trie(
             self.context.host, draft, self.ngrams, self.lookup, self.spec, key, self.drafter.chains_from_root
         )
-
-    def _learn(self) -> None:
-        """Teach the controller with every candidate trie whose continuation is now decided."""
-        decided = self.context.host
-        while self._learning:
-            trie, root = self._learning[0]
-            depth = trie.max_depth()
-            if root + depth >= len(decided):
-                return
-            self._learning.popleft()
-            self.controller.learn(trie, decided[root + 1 : root + 1 + depth])
 
     def _time_forward(self, n: int) -> float:
         """Seconds of verifying n nodes (a causal block) at the current context: the forward and the node logits
@@ -203,32 +184,17 @@ class TokenSwiftDecoder:
         extra = torch.tensor([trie.tokens[n] for n in path], device=decided.device)
         return torch.cat([decided, extra])
 
-    def _count(self, trie: Trie, nodes: list[int]) -> None:
-        self.steps += 1
-        self.accepted += len(nodes)
-        self.accepted_ngram += sum(not trie.from_tree[n] for n in nodes)
-        self.per_step[len(nodes) + 1] += 1
-        self.step_accepted.append(len(nodes))
-        self.verified[len(trie)] += 1
+    @property
+    def step_accepted(self) -> list[int]:
+        """Draft tokens accepted by each step, in order (bound.py's repetition share)."""
+        return self.counts.step_accepted
 
     def stats(self) -> DecoderStats:
-        steps = max(self.steps, 1)
+        steps = max(self.counts.steps, 1)
         t = self.timer.totals
         drafter = dict(self.drafter.stats())
-        speculation = SpeculationStats(
-            steps=self.steps,
-            mean_accepted=sum(k * v for k, v in self.per_step.items()) / steps,
-            # The paper's α with γ+1 = the deepest candidate (head tree or n-gram chain), so α <= 1.
-            acceptance_rate=self.accepted / (self.spec.max_depth() * steps),
-            ngram_share=self.accepted_ngram / self.accepted if self.accepted else 0.0,
-            tokens_per_step={str(k): v for k, v in sorted(self.per_step.items())},
-            verified_nodes={str(k): v for k, v in sorted(self.verified.items())},
-            mean_verified_nodes=sum(k * v for k, v in self.verified.items()) / steps,
-            root_only_share=self.verified.get(1, 0) / steps,
-            hindsight_acceptance=self.controller.acceptance_summary(),
-            draft=self.spec.draft,
-            candidates=self.spec.candidates,
-        )
+        hindsight = self.controller.acceptance_summary()
+        speculation = self.counts.speculation(self.spec.max_depth(), hindsight, self.spec.draft, self.spec.candidates)
         controller = ControllerStats(  # what the controller did: step kinds, predicted vs measured step cost
             partial_cache_selections=drafter.pop("partial_cache_selections", 0),
             drafted_share=self.gate.shares()["draft"],
