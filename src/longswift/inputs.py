@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import operator
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from .errors import CheckpointError, ConfigError, PromptError
@@ -115,3 +116,13 @@ def check_api_key(key: str | None) -> None:
     if key != key.strip() or any(ord(c) < 32 or ord(c) == 127 for c in key):
         raise ConfigError("--api-key must not start or end with white space or hold control characters")
     check_text(key, "--api-key")
+
+
+def prompt_file_lines(path: Path) -> list[str]:
+    """The lines of a prompts file (UTF-8), or one clear `PromptError` for a missing or unreadable file."""
+    try:
+        return path.read_bytes().decode("utf-8").splitlines()
+    except FileNotFoundError:
+        raise PromptError(f"prompts file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PromptError(f"cannot read prompts file {path}: {exc}") from None

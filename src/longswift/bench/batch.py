@@ -10,11 +10,8 @@ so drift on a shared machine hits every method alike, and the ratios are paired 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict
-from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -41,8 +38,15 @@ from .hf import _load_hf, _quiet_transformers, _StreamMarks, hf_cache_kwargs, hf
 from .identity import compare, near_tie_bound
 from .methods import Method
 from .output import environment
-from .preparation import check_fits, now_iso, prepare_out, resolve_model, with_device_defaults
-from .profile import run_profile
+from .preparation import (
+    append_runs,
+    check_fits,
+    finish_report,
+    now_iso,
+    prepare_out,
+    resolve_model,
+    with_device_defaults,
+)
 from .progress import PROGRESS_EVERY_S, Progress, ProgressEvent
 from .prompts import load_prompts
 from .results import BenchReport
@@ -88,21 +92,9 @@ def run_batch_bench(cfg: BenchConfig, progress: Progress | None = None) -> Bench
                 track.finished(name, n, b)
                 batch.runs.append(run)
             _compare(batch, outcomes, n, b, cfg.sampling.greedy, near_tie_bound(engine.dtype))
-            _append_runs(cfg.out / "runs.jsonl", batch.runs[-len(methods) :])
+            append_runs(cfg.out / "runs.jsonl", batch.runs[-len(methods) :])
     batch.summarize()
-    if cfg.profile is not None:
-        track.phase("profile")
-        report.profile = run_profile(engine.model, cfg.profile, lambda done, cells: track.phase("profile", tokens=done))
-    report.finished_at = now_iso()
-    report.files = write_batch_results(report, cfg.out)
-    track.phase("done")
-    return report
-
-
-def _append_runs(path: Path, runs: list[BatchRun]) -> None:
-    """Each finished (length, batch size) group is saved at once, so an interrupted run keeps what it measured."""
-    with open(path, "a", encoding="utf-8") as f:
-        f.writelines(json.dumps(asdict(r)) + "\n" for r in runs)
+    return finish_report(report, cfg, engine.model, track, write_batch_results)
 
 
 def _notes(cfg: BenchConfig, prompt_count: int) -> list[str]:

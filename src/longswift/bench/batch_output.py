@@ -150,17 +150,35 @@ def identity_label(run: BatchRun, greedy: bool) -> str:
     )
 
 
+def summary_header(report: BenchReport, lossless: bool | None) -> dict[str, Any]:
+    """The fields every one-line bench summary starts with (this one and output.summary_json)."""
+    return {
+        "model": report.environment["model"],
+        "device": report.environment["device_name"],
+        "dtype": report.environment["dtype"],
+        "greedy": report.config.sampling.greedy,
+        "lossless": lossless,
+    }
+
+
 def batch_summary_json(report: BenchReport) -> str:
     """One line of JSON: aggregate tok/s per run and batch size, the ratios and the lossless verdict."""
     batch = _batch(report)
     lengths = sorted({r.gen_len for r in batch.runs})
+
+    def per_length(ratios: str) -> dict[str, Any]:
+        return {
+            str(n): {
+                f"B={s.batch_size}": {k: _round(v) for k, v in getattr(s, ratios).items()}
+                for s in batch.summaries
+                if s.gen_len == n
+            }
+            for n in lengths
+        }
+
     return json.dumps(
         {
-            "model": report.environment["model"],
-            "device": report.environment["device_name"],
-            "dtype": report.environment["dtype"],
-            "greedy": report.config.sampling.greedy,
-            "lossless": batch.lossless(),
+            **summary_header(report, batch.lossless()),
             "aggregate_tokens_per_s": {
                 str(n): {
                     f"B={r.batch_size} {r.method}": round(r.aggregate_tokens_per_s, 1)
@@ -169,22 +187,8 @@ def batch_summary_json(report: BenchReport) -> str:
                 }
                 for n in lengths
             },
-            "ratios": {
-                str(n): {
-                    f"B={s.batch_size}": {k: _round(v) for k, v in s.ratios.items()}
-                    for s in batch.summaries
-                    if s.gen_len == n
-                }
-                for n in lengths
-            },
-            "decode_ratios": {
-                str(n): {
-                    f"B={s.batch_size}": {k: _round(v) for k, v in s.decode_ratios.items()}
-                    for s in batch.summaries
-                    if s.gen_len == n
-                }
-                for n in lengths
-            },
+            "ratios": per_length("ratios"),
+            "decode_ratios": per_length("decode_ratios"),
         },
         separators=(",", ":"),
     )

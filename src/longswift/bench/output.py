@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .batch_output import batch_summary_json, format_batch_table
+from .batch_output import batch_summary_json, format_batch_table, summary_header
 from .batch_output import sampling_label as _sampling_label
 from .config import TENTHS
 from .metrics import milestone_targets
@@ -236,11 +236,7 @@ def summary_json(report: BenchReport) -> str:
         return batch_summary_json(report)
     return json.dumps(
         {
-            "model": report.environment["model"],
-            "device": report.environment["device_name"],
-            "dtype": report.environment["dtype"],
-            "greedy": report.config.sampling.greedy,
-            "lossless": report.lossless(),
+            **summary_header(report, report.lossless()),
             "speedup_vs_ar": {
                 m.name: {str(n): _round(report.summary(m.name, n).speedup_vs_ar) for n in report.config.gen_lengths}
                 for m in report.config.methods

@@ -4,14 +4,21 @@ that the lengths fit, and write the device's speculation defaults into the confi
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..config import SpeculationConfig
 from ..errors import CheckpointError, ConfigError, PromptError
 from ..model.checkpoint import Checkpoint, model_dir_or_default
 from .config import BenchConfig
+from .profile import run_profile
+
+if TYPE_CHECKING:
+    from .results import BenchReport
 
 
 def with_device_defaults(cfg: BenchConfig, device_type: str) -> BenchConfig:
@@ -67,3 +74,27 @@ def check_fits(limit: int, cfg: BenchConfig) -> None:
 
 def now_iso() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def append_runs(path: Path, runs: Sequence[Any]) -> None:
+    """Each finished group of runs (dataclasses) is saved at once, so an interrupted benchmark keeps what it
+    measured."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.writelines(json.dumps(asdict(r)) + "\n" for r in runs)
+
+
+def finish_report(
+    report: BenchReport,
+    cfg: BenchConfig,
+    model: Any,
+    track: Any,
+    write: Callable[[BenchReport, Path], list[Path]],
+) -> BenchReport:
+    """The end of every benchmark: the optional profile, the finishing time, the result files."""
+    if cfg.profile is not None:
+        track.phase("profile")
+        report.profile = run_profile(model, cfg.profile, lambda done, cells: track.phase("profile", tokens=done))
+    report.finished_at = now_iso()
+    report.files = write(report, cfg.out)
+    track.phase("done")
+    return report

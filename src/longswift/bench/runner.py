@@ -4,11 +4,8 @@ write the results; `_Runner` runs one method once and owns the clock."""
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
-from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -24,8 +21,15 @@ from .identity import near_tie_bound
 from .methods import HF_KINDS, Method
 from .output import environment, write_results
 from .peak_memory import PeakMemory
-from .preparation import check_fits, now_iso, prepare_out, resolve_model, with_device_defaults
-from .profile import run_profile
+from .preparation import (
+    append_runs,
+    check_fits,
+    finish_report,
+    now_iso,
+    prepare_out,
+    resolve_model,
+    with_device_defaults,
+)
 from .progress import Progress, _Tracker
 from .prompts import load_prompts
 from .results import BenchReport, RunRecord, _check_identity, _Observation, _record, summarize
@@ -59,21 +63,9 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> BenchReport
             group = [runner.timed(m, prompts.ids[r % len(prompts.ids)], n, r, track) for m in cfg.methods]
             _check_identity(cfg, group, runner.margins, near_tie_bound(engine.dtype))
             report.runs.extend(rec for rec, _ in group)
-            _append_runs(cfg.out / "runs.jsonl", [rec for rec, _ in group])
+            append_runs(cfg.out / "runs.jsonl", [rec for rec, _ in group])
     report.summaries = summarize(cfg, report.runs)
-    if cfg.profile is not None:
-        track.phase("profile")
-        report.profile = run_profile(engine.model, cfg.profile, lambda done, cells: track.phase("profile", tokens=done))
-    report.finished_at = now_iso()
-    report.files = write_results(report, cfg.out)
-    track.phase("done")
-    return report
-
-
-def _append_runs(path: Path, records: list[RunRecord]) -> None:
-    """Each finished repeat is saved at once, so hours of measurements survive an interrupted run."""
-    with open(path, "a", encoding="utf-8") as f:
-        f.writelines(json.dumps(asdict(r)) + "\n" for r in records)
+    return finish_report(report, cfg, engine.model, track, write_results)
 
 
 class _Runner:

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import ConfigError, LongswiftError, OutputError, PromptError
 from ..files import atomic_write, check_directory, check_outputs, output_problem
-from ..inputs import check_seed, check_text
+from ..inputs import check_seed, check_text, prompt_file_lines
 from .request import GenerationRequest
 from .state import JobState, TextSink, run_job
 
@@ -73,12 +73,7 @@ class BatchOptions:
 
 def read_prompts(path: Path) -> list[BatchItem]:
     """Every non-empty line of `path`, parsed; a malformed line becomes an item with its error, in its place."""
-    try:
-        lines = path.read_bytes().decode("utf-8").splitlines()
-    except FileNotFoundError:
-        raise PromptError(f"prompts file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PromptError(f"cannot read prompts file {path}: {exc}") from None
+    lines = prompt_file_lines(path)
     items: list[BatchItem] = []
     owners: dict[str, int] = {}  # file-name key of an id -> the line that has it
     for number, text in enumerate(lines, start=1):

@@ -40,6 +40,7 @@ from torch import Tensor
 from ..config import SamplingConfig
 from ..decode.sampling import TokenChooser
 from ..errors import ConfigError, HeadsError, PromptError
+from ..inputs import prompt_file_lines
 from ..model.cache import KVCache, NoCache
 from ..model.checkpoint import DTYPES, Checkpoint
 from ..model.heads import DraftHeads
@@ -126,12 +127,7 @@ class CorpusProgress:
 
 def read_prompts(path: Path) -> list[str]:
     """Prompts of a JSONL file ({"text": ...} or {"prompt": ...} per line) or of a text file (one per line)."""
-    try:
-        lines = path.read_bytes().decode("utf-8").splitlines()
-    except FileNotFoundError:
-        raise PromptError(f"prompts file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PromptError(f"cannot read prompts file {path}: {exc}") from None
+    lines = prompt_file_lines(path)
     prompts = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
