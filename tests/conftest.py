@@ -11,6 +11,8 @@ import os
 
 # Tiny models run fastest on one thread (and subprocesses inherit this); set before torch is imported.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# `--compile auto` reads this machine's measurements from the user's cache: tests start from none of their own.
+os.environ["LONGSWIFT_CACHE_DIR"] = __import__("tempfile").mkdtemp(prefix="longswift-cache-")
 
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402

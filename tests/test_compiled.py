@@ -245,20 +245,21 @@ def test_partial_drafting_on_the_static_path_equals_ar(tiny_llama):
 
 
 def test_auto_without_a_compiler_says_so_and_runs_eagerly(monkeypatch, tmp_path, tiny_llama):
-    """Where `auto` would compile (a device where it was measured to pay) but nothing can compile: one note line."""
+    """Where `auto` would compile (this machine measured that it pays) but nothing can compile: one note line."""
     import io
 
     from longswift.cli.job import compiling
-    from longswift.model import compiled
+    from longswift.model.compile_auto import CompileTiming, TimingStore
 
     engine = fresh_engine(tiny_llama)
-    monkeypatch.setitem(compiled.COMPILE_PAYS, "cpu", True)
+    engine.auto_compile.store = TimingStore(tmp_path / "compile.json")  # this test's machine record only
+    engine.auto_compile.store.put(engine.auto_compile.key(), CompileTiming(1.0, 5.0, 1.0, 64))
     monkeypatch.setenv("PATH", str(tmp_path))
     err = io.StringIO()
-    with compiling(engine, err):
+    with compiling(engine, err, 10**6):  # a job long enough to compile for
         result = engine.generate(PROMPT, 8, mode="ar")
     assert err.getvalue() == (
-        "longswift: note: not compiling (no C++ compiler on PATH (Inductor builds its kernels "
-        "with one)); running eagerly\n"
+        "longswift: note: running eagerly (not compiling (no C++ compiler on PATH (Inductor builds its kernels "
+        "with one)))\n"
     )
     assert "compile" not in result.stats  # the plain model ran

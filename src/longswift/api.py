@@ -26,6 +26,7 @@ from .jobs.result import GenerationResult, PreparedJob, restore, result_of
 from .jobs.state import JobState
 from .launch import Launch, LaunchConfig
 from .model.checkpoint import Checkpoint
+from .model.compile_auto import AutoCompile, CompilePlan
 from .model.compiled import StaticForward, resolve_compile
 from .model.device import resolve_device as resolve_device  # re-exported: longswift.api.resolve_device
 from .model.device import resolve_dtype as resolve_dtype
@@ -99,6 +100,7 @@ class Engine:
         self.heads_note: str | None = loaded.note if loaded else None  # a heads file overrides embedded blocks
         self.compile = compile  # the default of `stream(compile=...)`: auto | on | off (compiled.py)
         self._static: StaticForward | None = None  # the engine's compiled forward, made on first use
+        self.auto_compile = AutoCompile(self.model, self.fingerprint)  # `compile="auto"`: per machine, measured
         self.threads: ThreadChoice = set_threads(self.model, threads)  # torch's CPU threads (model/threads.py)
 
     @classmethod
@@ -142,7 +144,7 @@ class Engine:
             job.chooser,
             len(job.prompt_ids) + req.max_new_tokens,
             job.spec,
-            self._forward(req.compile or self.compile),
+            self._forward(req.compile or self.compile, req.max_new_tokens, len(job.prompt_ids)),
             req.drafter,
         )
         prompt_ids, transcript, spec = job.prompt_ids, job.transcript, job.spec
@@ -243,10 +245,26 @@ class Engine:
         """Seconds this engine has spent compiling (and warming up) its static forward so far."""
         return self._static.compile_s if self._static is not None else 0.0
 
-    def _forward(self, choice: str) -> Forward | None:
+    def compile_plan(self, choice: str, tokens: int) -> CompilePlan:
+        """What a job of `tokens` new tokens does about compiling under `choice` (auto: model/compile_auto.py)."""
+        if self.parallel is not None:
+            return CompilePlan("eager", "tensor-parallel runs eagerly")
+        if choice == "auto":
+            return self.auto_compile.plan(tokens)
+        return CompilePlan("compile" if resolve_compile(choice, self.device) else "eager", f"--compile {choice}")
+
+    def _forward(self, choice: str, tokens: int = 0, context: int = 0) -> Forward | None:
         """The engine's static forward (compiled once, reused by every generation), or None: the model, eagerly."""
-        if self.parallel is not None or not resolve_compile(choice, self.device):
+        if self.parallel is not None:
             return None  # collectives inside compiled graphs are untested: tensor-parallel runs eagerly
+        if choice == "auto":
+            if not self.auto_compile.decide(tokens, context, self._static_forward):
+                return None
+        elif not resolve_compile(choice, self.device):
+            return None
+        return self._static_forward()
+
+    def _static_forward(self) -> StaticForward:
         if self._static is None:
             self._static = StaticForward(self.model, compiled=True)
         return self._static

@@ -16,21 +16,25 @@ EXIT_INTERRUPTED = 130  # stopped by SIGINT/SIGTERM (128 + SIGINT, as shells rep
 
 
 @contextlib.contextmanager
-def compiling(engine: Any, err: TextIO | None) -> Iterator[None]:
-    """Say that the (slow, one-off) compilation runs, and how long it took, around starting a compiled job."""
-    from ..model.compiled import COMPILE_PAYS, compiler_available, resolve_compile
-
-    if err is None or not resolve_compile(engine.compile, engine.device):
-        reason = compiler_available()
-        if err is not None and engine.compile == "auto" and COMPILE_PAYS.get(engine.device.type) and reason:
-            err.write(f"longswift: note: not compiling ({reason}); running eagerly\n")
+def compiling(engine: Any, err: TextIO | None, tokens: int) -> Iterator[None]:
+    """Say whether the (slow, one-off) compilation or its measurement runs, and how long it took, around starting
+    a job of `tokens` new tokens (`--compile auto` decides per machine and job length: model/compile_auto.py)."""
+    plan = engine.compile_plan(engine.compile, tokens)
+    if err is None or plan.action == "eager":
+        if err is not None and engine.compile == "auto" and plan.reason.startswith(("measured here", "not compiling")):
+            err.write(f"longswift: note: running eagerly ({plan.reason})\n")
         yield
         return
-    err.write("longswift: compiling the decoding steps (torch.compile, once per process, before timing) ...\n")
+    if plan.action == "measure":
+        err.write(f"longswift: measuring whether compiling pays on this machine, once ({plan.reason}) ...\n")
+    else:
+        err.write("longswift: compiling the decoding steps (torch.compile, once per process, before timing) ...\n")
     err.flush()
     before = engine.compile_seconds()
     yield
-    err.write(f"longswift: compiled in {engine.compile_seconds() - before:.0f} s\n")
+    done = engine.auto_compile.last if plan.action == "measure" else None
+    measured = f"; {done.reason}" if done else ""
+    err.write(f"longswift: compiled in {engine.compile_seconds() - before:.0f} s{measured}\n")
 
 
 def summary(s: dict[str, Any], finish_reason: str) -> str:

@@ -170,7 +170,7 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         engine = Engine.launched(launch)
         if engine.heads_note and not args.quiet:
             err.write(f"longswift: note: {engine.heads_note}\n")
-        with compiling(engine, err if not args.quiet else None):
+        with compiling(engine, err if not args.quiet else None, args.max_new_tokens):
             stream = engine.stream(replace(request, resume=resume))
         lead_out = out if layout.is_lead else io.StringIO()
         sink = (

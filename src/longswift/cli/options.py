@@ -118,7 +118,8 @@ def add_hardware(p: argparse.ArgumentParser, compile_note: str = "") -> Any:
         choices=("auto", "on", "off"),
         default="auto",
         help="compile the decoding and verification steps with torch.compile (static shapes; CUDA graphs "
-        "on GPUs); auto = where measured to pay (default; currently nowhere, see BENCHMARKS.md)" + compile_note,
+        "on GPUs); auto = where this machine measured that it pays for the job's length (default; a job "
+        "of 10+ eager minutes on an unmeasured machine measures once; README)" + compile_note,
     )
     add_threads(d)
     return d

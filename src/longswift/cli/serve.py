@@ -166,7 +166,7 @@ def _compile_before_serving(engine: Any, config: ServeConfig, err: TextIO) -> No
 
     if not resolve_compile(engine.compile, engine.device):
         return
-    with compiling(engine, err):
+    with compiling(engine, err, 1):
         for mode in ("ar", "tokenswift") if engine.heads is not None else ("ar",):
             engine.generate("warm-up", 1, mode=mode, speculation=config.defaults.speculation, ignore_eos=True)
 

@@ -127,13 +127,6 @@ def static_forward(
     return model(tokens, positions, slots, log=log, vis=Visibility(bias))
 
 
-# Where `--compile auto` compiles, by device type: only where a measurement showed it pays (BENCHMARKS.md).
-# CPU: the embedded model's AR step at 2K context is bound by reading its weights and cache (~30 MB per token at
-# ~8 GB/s), so compiling saved ~0.3 ms of ~4.5 ms after ~35 s of compiling. CUDA: not measured yet
-# (scripts/gpu_check.py measures eager vs compiled); flip it when a GPU check shows the gain.
-COMPILE_PAYS = {"cpu": False, "cuda": False}
-
-
 def compiler_available() -> str | None:
     """None when torch.compile can generate code on this machine, else why not (one line)."""
     if sys.platform == "win32":
@@ -144,16 +137,14 @@ def compiler_available() -> str | None:
 
 
 def resolve_compile(choice: str, device: torch.device) -> bool:
-    """`--compile auto|on|off` -> whether to compile. `on` where nothing can compile is a ConfigError (one line);
-    `auto` then runs eagerly."""
+    """`--compile on|off` -> whether to compile; `on` where nothing can compile is a ConfigError (one line).
+    `auto` is decided per job and per machine by measurement (compile_auto.py): here it is False."""
     if choice not in COMPILE_CHOICES:
         raise ConfigError(f"unknown compile choice {choice!r}; use auto, on or off")
-    if choice == "off":
-        return False
     reason = compiler_available()
     if choice == "on" and reason:
         raise ConfigError(f"--compile on: {reason}; install one or use --compile off")
-    return choice == "on" or (COMPILE_PAYS.get(device.type, False) and reason is None)
+    return choice == "on"
 
 
 def compile_count() -> int:
