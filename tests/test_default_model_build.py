@@ -55,6 +55,18 @@ def test_prompts_come_from_held_out_units_in_line_aligned_windows(tmp_path):
     assert got[2]["text"] == ("short\n" * 900)[: prompts.WINDOW_CHARS]
 
 
+def test_a_resume_with_a_new_schedule_or_windows_is_recorded_as_a_stage(tmp_path):
+    config, settings, stream = _tiny_training(tmp_path, 4)
+    model, state = train_base.build_model(config, 1), tmp_path / "state"
+    assert len(train_base.train(model, stream, settings, state)["stages"]) == 1
+    longer = train_base.TrainSettings(**{**settings.__dict__, "steps": 6, "seq_len": 32, "batch_size": 1})
+    run = train_base.train(model, stream, longer, state, resume=True)
+    assert [(s["from_step"], s["settings"]["seq_len"]) for s in run["stages"]] == [(0, 16), (4, 32)]
+    assert train_base.tokens_seen(run["stages"], run["steps_done"]) == 4 * 2 * 16 + 2 * 1 * 32
+    again = train_base.TrainSettings(**{**longer.__dict__, "steps": 8, "log_every": 1, "save_every": 1})
+    assert len(train_base.train(model, stream, again, state, resume=True)["stages"]) == 3  # only `steps` counts
+
+
 def test_line_stats_count_runs_of_one_line_and_of_blank_lines():
     stats = quality.line_stats("a\nb\nb\nb\n\n\nc\nb")
     assert stats["lines"] == 8 and stats["longest_repeated_line_run"] == 3 and stats["longest_blank_run"] == 2

@@ -59,10 +59,22 @@ def _model_section(metrics: Mapping[str, Any]) -> list[str]:
         f"- Vocabulary: {metrics['vocab_size']:,} byte-level BPE tokens trained on the training split; "
         "`<|endoftext|>` is EOS and PAD; no BOS is added.",
         f"- RoPE base {metrics['rope_theta']:,.0f}, `max_position_embeddings` {metrics['max_position_embeddings']:,}; "
-        f"trained on {metrics['settings']['seq_len']:,}-token windows only.",
+        f"trained on {_windows(metrics)}-token windows only.",
         f"- Weights stored in bfloat16: {metrics['model_bytes'] / 2**20:.1f} MiB including tokenizer and configs.",
         "",
     ]
+
+
+def _windows(metrics: Mapping[str, Any]) -> str:
+    lengths = sorted({stage["settings"]["seq_len"] for stage in metrics.get("stages") or []})
+    return " and ".join(f"{n:,}" for n in lengths) if lengths else f"{metrics['settings']['seq_len']:,}"
+
+
+def _step_tokens(metrics: Mapping[str, Any]) -> str:
+    shapes = dict.fromkeys(
+        (stage["settings"]["batch_size"], stage["settings"]["seq_len"]) for stage in metrics.get("stages") or []
+    ) or {(metrics["settings"]["batch_size"], metrics["settings"]["seq_len"]): None}
+    return " then ".join(f"{b} x {n:,}" for b, n in shapes)
 
 
 def _training_section(metrics: Mapping[str, Any]) -> list[str]:
@@ -72,7 +84,7 @@ def _training_section(metrics: Mapping[str, Any]) -> list[str]:
     return [
         "## Training",
         "",
-        f"- {metrics['steps_done']:,} steps{early} of {settings['batch_size']} x {settings['seq_len']:,} tokens: "
+        f"- {metrics['steps_done']:,} steps{early} of {_step_tokens(metrics)} tokens: "
         f"{metrics['tokens_seen']:,} tokens seen ({metrics['epochs']:.2f} epochs).",
         f"- AdamW, peak learning rate {settings['lr']:g}, warm-up {settings['warmup_steps']} steps, cosine decay, "
         f"weight decay {settings['weight_decay']:g}, gradient clipping {settings['grad_clip']:g}, {precision}, "
@@ -80,9 +92,25 @@ def _training_section(metrics: Mapping[str, Any]) -> list[str]:
         f"- One CPU thread: {_minutes(metrics['train_seconds'])} of training "
         f"({metrics['seconds_per_step']:.2f} s/step), {_minutes(metrics['wall_seconds'])} wall time in all.",
         f"- torch {metrics['torch_version']}, transformers {metrics['transformers_version']}.",
-        f"- Command: `{metrics['command']}`",
+        *_stage_lines(metrics),
         "",
     ]
+
+
+def _stage_lines(metrics: Mapping[str, Any]) -> list[str]:
+    """One line per training stage (a resume that changed the schedule or the windows), with its command."""
+    stages = metrics.get("stages") or []
+    if len(stages) < 2:
+        return [f"- Command: `{metrics['command']}`"]
+    ends = [stage["from_step"] for stage in stages[1:]] + [metrics["steps_done"]]
+    lines = ["- In stages (each resumed from the previous one's saved state, optimizer and sampler included):"]
+    for stage, end in zip(stages, ends):
+        s = stage["settings"]
+        lines.append(
+            f"  - steps {stage['from_step'] + 1:,}–{end:,}: {s['batch_size']} x {s['seq_len']:,}-token windows, "
+            f"cosine schedule over {s['steps']:,} steps: `{stage['command']}`"
+        )
+    return lines
 
 
 def _results_section(metrics: Mapping[str, Any]) -> list[str]:

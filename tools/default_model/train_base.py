@@ -264,6 +264,11 @@ def train(model, stream: torch.Tensor, settings: TrainSettings, state_dir: Path 
     if resume and state_dir is not None and (state_dir / "state.json").exists():
         progress = load_state(state_dir, model, optimizer, generator)
         print(f"[train] resumed from {state_dir} at step {progress['step']}", flush=True)
+    # A resume may change the settings (a longer schedule, longer windows): each change starts a recorded stage.
+    stages: list = progress.setdefault("stages", [])
+    stage = {"from_step": progress["step"], "settings": asdict(settings), "command": shlex.join(sys.orig_argv)}
+    if not stages or _schedule(stages[-1]["settings"]) != _schedule(stage["settings"]):
+        stages.append(stage)
     history: list = progress["history"]
     window: list[float] = progress["window"]
     started = time.perf_counter() - progress["seconds"]
@@ -287,7 +292,8 @@ def train(model, stream: torch.Tensor, settings: TrainSettings, state_dir: Path 
             window = []
         if state_dir is not None and (step + 1) % settings.save_every == 0:
             save_state(state_dir, model, optimizer, generator,
-                       {"step": step + 1, "history": history, "seconds": elapsed, "window": window})
+                       {"step": step + 1, "history": history, "seconds": elapsed, "window": window,
+                        "stages": stages})
         if settings.max_minutes is not None and elapsed > settings.max_minutes * 60:
             print(f"[train] stopping early after {step + 1} steps: over --max-minutes", flush=True)
             stopped_early = True
@@ -297,8 +303,21 @@ def train(model, stream: torch.Tensor, settings: TrainSettings, state_dir: Path 
         "stopped_early": stopped_early,
         "train_seconds": time.perf_counter() - started,
         "history": history,
+        "stages": stages,
         "final_train_loss": sum(loss for _, loss in history[-3:]) / len(history[-3:]),
     }
+
+
+def _schedule(settings: dict) -> dict:
+    """The settings that change what is trained (not how often it is logged, saved or evaluated)."""
+    return {k: v for k, v in settings.items() if k not in ("log_every", "eval_windows", "max_minutes", "save_every")}
+
+
+def tokens_seen(stages: list, steps_done: int) -> int:
+    """Training tokens over all stages (each runs from its `from_step` to the next stage's, or to the end)."""
+    ends = [stage["from_step"] for stage in stages[1:]] + [steps_done]
+    return sum((end - stage["from_step"]) * stage["settings"]["batch_size"] * stage["settings"]["seq_len"]
+               for stage, end in zip(stages, ends))
 
 
 def make_config_portable(out_dir: Path) -> None:
@@ -381,10 +400,11 @@ def train_base(
         "settings": asdict(settings),
         "steps_done": run["steps_done"],
         "stopped_early": run["stopped_early"],
-        "tokens_seen": run["steps_done"] * settings.batch_size * settings.seq_len,
+        "tokens_seen": tokens_seen(run["stages"], run["steps_done"]),
+        "stages": run["stages"],
         "train_tokens": len(train_stream),
         "valid_tokens": len(valid_stream),
-        "epochs": run["steps_done"] * settings.batch_size * settings.seq_len / len(train_stream),
+        "epochs": tokens_seen(run["stages"], run["steps_done"]) / len(train_stream),
         "train_seconds": run["train_seconds"],
         "seconds_per_step": run["train_seconds"] / run["steps_done"],
         "wall_seconds": time.perf_counter() - wall_start,
