@@ -1,7 +1,7 @@
 """`longswift serve --max-batch N` (serve/batcher.py) against the official `openai` client: concurrent requests
-(greedy and seeded, streamed and not) each equal `engine.generate`, a late joiner, a disconnect that cancels
-only its own request, 429 beyond N running + the queue, `/metrics` as Prometheus text, and two `job_id` jobs
-resumed to the identical text after `kill -9`."""
+(greedy and seeded, streamed and not) each equal `engine.generate`, a late joiner, a joiner's first chunk counted
+in decoding steps (one per prefill chunk), a disconnect that cancels only its own request, 429 beyond N running +
+the queue, `/metrics` as Prometheus text, and two `job_id` jobs resumed to the identical text after `kill -9`."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ MODEL = "longswift-default"
 PROMPTS = {
     "king": "ACT I. SCENE I.\nLondon. A room in the palace.\n\nKING.\n",
     "hamlet": "HAMLET.\nTo be, or not to be, that is the question:\n",
+    "two-chunks": "HAMLET.\nTo be, or not to be, that is the question:\n" * 40,  # prefilled in two 512-token chunks
 }
 SETTINGS = {  # request fields -> the same settings for engine.generate
     "greedy": ({"temperature": 0}, {"sampling": longswift.SamplingConfig.paper(temperature=0)}),
@@ -109,6 +110,47 @@ def test_late_joiner_starts_while_a_long_job_runs(idle, engine):
     rest = "".join(c.choices[0].text for c in chunks)
     assert out["late"][0] == reference(engine, "hamlet", "seed7", 30)
     assert first + rest == reference(engine, "king", "greedy", 160)
+
+
+def test_a_joiner_s_first_chunk_comes_one_step_after_each_prefill_chunk(idle, engine):
+    """A request joining 3 running ones gets its first text from the batched step of the round that ran its last
+    prefill chunk: 1 step after its row for a one-chunk prompt, 2 for a two-chunk one (the others step once between
+    its chunks). Counted by the server (the final chunk's `latency`, /metrics), not timed."""
+    prompt = engine.encode(PROMPTS["two-chunks"])
+    assert 512 < len(prompt) - 1 <= 1024  # the last prompt token is the first step's root, the rest is prefilled
+    running = [
+        idle.client().completions.create(
+            model=MODEL, prompt=PROMPTS["king"], max_tokens=20_000, stream=True, extra_body={"ignore_eos": True}
+        )
+        for _ in range(3)
+    ]
+    for s in running:
+        next(iter(s))  # decoding: their own first texts are counted already
+    before = parse(httpx.get(idle.url + "/metrics"))
+    out: dict = {}
+    for name in ("hamlet", "two-chunks"):  # one at a time, each with exactly 3 others running
+        ask(idle, name, "greedy", 8, True, out, name)
+    after = parse(httpx.get(idle.url + "/metrics"))
+    for s in running:
+        s.close()
+    for name, steps in (("hamlet", 1), ("two-chunks", 2)):
+        text, last = out[name]
+        assert text == reference(engine, name, "greedy", 8)
+        lat = last.model_extra["longswift"]["latency"]
+        assert lat["steps_before_first_chunk"] == steps, name
+        assert 0 <= lat["admitted_s"] <= lat["queue_s"] <= lat["prefill_done_s"] <= lat["first_text_s"]
+        assert lat["first_text_s"] <= lat["first_chunk_s"] and 0 < lat["prefill_s"] <= lat["prefill_done_s"]
+
+    def added(name: str) -> float:
+        return after[name] - before[name]
+
+    assert added("longswift_first_token_decode_steps_count") == 2
+    assert added('longswift_first_token_decode_steps_bucket{le="1"}') == 1
+    assert added('longswift_first_token_decode_steps_bucket{le="2"}') == 2
+    assert added("longswift_first_token_decode_steps_sum") == 3
+    assert added("longswift_prefill_seconds_count") == added("longswift_queue_wait_seconds_count") == 2
+    assert added("longswift_time_to_first_token_seconds_count") == 2
+    idle.wait_idle(10)
 
 
 def test_disconnect_cancels_only_that_request(idle, engine):

@@ -34,6 +34,15 @@ class BatchPiece:
     finished: bool = False
 
 
+@dataclass(frozen=True)
+class Prefilled:
+    """Job `index` finished its prefill at `at` (time.monotonic()), after `seconds` of its own prefill compute."""
+
+    index: int
+    at: float
+    seconds: float
+
+
 class BatchStream:
     """Iterate for `BatchPiece`s; each job's `GenerationResult` is in `results[index]` once it finished.
 
@@ -57,6 +66,7 @@ class BatchStream:
         self._waiting: deque[int] = deque()
         self._cancelled: set[int] = set()
         self.errors: dict[int, str] = {}  # jobs that failed (their text so far is in their result)
+        self.prefilled: Prefilled | None = None  # the job whose prefill the last round finished (a server's timing)
         self.wall_s = 0.0
         for job in jobs:
             self.submit(job)
@@ -107,7 +117,10 @@ class BatchStream:
                 torch.set_num_threads(self.threads.threads)
         pieces = list(self._admit()) + list(self._drop_cancelled())
         decoder = self.decoder
-        decoder.prefill_chunk()
+        ready = decoder.prefill_chunk()
+        self.prefilled = None
+        if ready is not None:
+            self.prefilled = Prefilled(ready.key, time.monotonic(), ready.timer.totals.get("prefill", 0.0))
         stepped = [self._push(seq, tokens) for seq, tokens in decoder.step().items()]
         stepped += [self._fail(seq, error) for seq, error in decoder.take_failures()]
         return pieces + [p for p in stepped if p is not None]

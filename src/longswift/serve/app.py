@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -102,7 +103,7 @@ def _check_model(name: str, served: str) -> None:
 
 async def _answer(worker: Worker, request: Request, req: ServeRequest, fmt: Formatter) -> Response:
     """Queue the job, wait until it starts (or fails), then stream it or collect it."""
-    job = worker.submit(req, asyncio.get_running_loop())
+    job = worker.submit(req, asyncio.get_running_loop(), getattr(request.state, "received", None))
     watcher = asyncio.create_task(_cancel_on_disconnect(request.receive, job))
     try:
         first = await job.events.get()
@@ -138,7 +139,7 @@ async def _collect(job: Job, first: Started, fmt: Formatter, trimmer: StopTrimme
                 "".join(parts),
                 protocol.finish_reason(result.finish_reason, trimmer.stopped),
                 protocol.usage(len(result.prompt_ids), len(result.token_ids)),
-                result.stats,
+                {**result.stats, "latency": job.latency.report()},
             )
         else:
             assert isinstance(event, Failed)
@@ -146,13 +147,17 @@ async def _collect(job: Job, first: Started, fmt: Formatter, trimmer: StopTrimme
 
 
 async def _sse(job: Job, first: Started, fmt: Formatter, trimmer: StopTrimmer) -> AsyncIterator[str]:
-    """One `data:` chunk per accepted block (the resumed text of a resumed job first), `[DONE]` at the end."""
+    """One `data:` chunk per accepted block (the resumed text of a resumed job first), `[DONE]` at the end; the
+    final chunk's statistics carry the request's `latency` (latency.py), up to when its first chunk was written."""
     if first.resumed_text and (text := trimmer.feed(first.resumed_text)):
+        job.latency.first_written = time.monotonic()
         yield fmt.chunk_line(text)
     while True:
         event: Event = await job.events.get()
         if isinstance(event, Piece):
             if text := trimmer.feed(event.text):
+                if job.latency.first_written is None:
+                    job.latency.first_written = time.monotonic()
                 yield fmt.chunk_line(text)
             continue
         if isinstance(event, Finished):
@@ -163,7 +168,7 @@ async def _sse(job: Job, first: Started, fmt: Formatter, trimmer: StopTrimmer) -
                 fmt.final_chunk(
                     protocol.finish_reason(result.finish_reason, trimmer.stopped),
                     protocol.usage(len(result.prompt_ids), len(result.token_ids)),
-                    result.stats,
+                    {**result.stats, "latency": job.latency.report()},
                 )
             )
         elif isinstance(event, Failed):
@@ -196,6 +201,7 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        scope.setdefault("state", {})["received"] = time.monotonic()  # a request's time to first token starts here
         if self.api_key is not None and scope["path"].startswith("/v1/") and not self._authorized(scope):
             error = ApiError(
                 401, "missing or wrong API key: send 'Authorization: Bearer <key>'", code="invalid_api_key"

@@ -5,8 +5,10 @@ give free rows to waiting ones first come first served, tell the stream which cl
 (`run_once`: one 512-token prefill chunk of a joining request, one batched step of the running ones), forward
 every piece to its client, and checkpoint `job_id` jobs. A request that arrives while others run long jobs joins
 at the next round with a free row; its first text comes after its own chunked prefill plus one step, each chunk
-delaying the running requests by one chunk's time. Nothing starves: rows are given in arrival order and every
-running request advances every step. What does not fit (N running + `max_queue` waiting) is answered 429.
+delaying the running requests by one chunk's time (a k-chunk prompt waits k steps; each request's `Latency`
+records its queue wait, prefill and steps before its first text, for `/metrics` and its final chunk). Nothing
+starves: rows are given in arrival order and every running request advances every step. What does not fit
+(N running + `max_queue` waiting) is answered 429.
 
 Each request's text is its own `engine.generate` output (the batched engine is lossless per row); a finished or
 cancelled request leaves its row at once. SIGTERM (`stop`) checkpoints every running `job_id` job at one step
@@ -117,6 +119,7 @@ class BatchWorker(Worker):
             tokens = sum(len(p.piece.token_ids) for p in pieces)
             if tokens or self._stream.decoder.steps > steps:
                 self.metrics.step(tokens, self._stream.decoder.steps - steps)
+            self._note_prefill(seats)
             for piece in pieces:
                 self._deliver(piece, seats)
             self._checkpoint(seats)
@@ -163,6 +166,8 @@ class BatchWorker(Worker):
                 continue  # abandoned while waiting: its place was released then
             with self._lock:
                 self._running += 1
+            w.job.latency.seat(self.metrics.decode_steps())
+            self.metrics.seated(w.job.latency)
             try:
                 index = self.engine.submit_to(self._stream, w.generation)
             except Exception as exc:
@@ -171,6 +176,12 @@ class BatchWorker(Worker):
             seats[index] = _Seat(w.job, w.path)
             resume = w.generation.resume
             w.job.send(Started(resume.text if resume is not None else ""))
+
+    def _note_prefill(self, seats: dict[int, _Seat]) -> None:
+        done = self._stream.prefilled
+        if done is not None and done.index in seats:
+            seats[done.index].job.latency.prefill_done(done.at, done.seconds)
+            self.metrics.prefilled(done.seconds)
 
     def _cancel_gone(self, seats: dict[int, _Seat]) -> None:
         """Jobs whose clients left stop at this step boundary (a `job_id` job is checkpointed first)."""

@@ -2,7 +2,9 @@
 
 The worker thread counts (tokens, steps, first tokens, finished requests) and the event loop counts rejections;
 both under one lock. The text is written here rather than with `prometheus_client`, which the server does not
-need: a handful of counters, gauges and one histogram.
+need: a handful of counters, gauges and histograms. The time to first token is split (latency.py) into the wait
+for a row, the request's own prefill, and the decoding steps until its first text: a count, not a time, so that
+"slow steps" and "too many steps" read apart.
 """
 
 from __future__ import annotations
@@ -10,10 +12,37 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 
-# Seconds from admission to a request's first generated text: from a short prompt's prefill to a long one's wait.
-TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+from .latency import Latency
+
+# Seconds from admission to a request's first generated text (or to its row, or of its prefill): from a short
+# prompt's prefill on one batched step to a long one's wait for a row.
+SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+# Decoding steps from a request's row to its first text: 1 is a one-chunk prompt decided by the next step.
+STEPS_BUCKETS = (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)
 RATE_WINDOW = 10.0  # seconds over which tokens/s is measured
+
+
+class Histogram:
+    """Cumulative bucket counts, sum and count of observed values (the caller holds the metrics' lock)."""
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * len(self.bounds)
+        self.sum: float = 0.0
+        self.n = 0
+
+    def observe(self, value: float) -> None:
+        self.sum += value
+        self.n += 1
+        for i, bound in enumerate(self.bounds):
+            if value <= bound:
+                self.counts[i] += 1
+
+    def samples(self) -> list[tuple[str, float]]:
+        buckets = [(f'_bucket{{le="{_number(b)}"}}', n) for b, n in zip(self.bounds, self.counts)]
+        return [*buckets, ('_bucket{le="+Inf"}', self.n), ("_sum", self.sum), ("_count", self.n)]
 
 
 class Metrics:
@@ -26,9 +55,10 @@ class Metrics:
         self.tokens = 0
         self.steps = 0
         self.finished: dict[str, int] = {}
-        self._ttft_counts = [0] * len(TTFT_BUCKETS)
-        self._ttft_sum = 0.0
-        self._ttft_n = 0
+        self.ttft = Histogram(SECONDS_BUCKETS)
+        self.queue_wait = Histogram(SECONDS_BUCKETS)
+        self.prefill = Histogram(SECONDS_BUCKETS)
+        self.steps_to_first = Histogram(STEPS_BUCKETS)
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps
 
     def reject(self) -> None:
@@ -44,13 +74,27 @@ class Metrics:
             self._recent.append((now, tokens))
             self._prune(now)
 
-    def first_token(self, seconds: float) -> None:
+    def seated(self, latency: Latency) -> None:
+        if latency.queue_wait is not None:
+            with self._lock:
+                self.queue_wait.observe(latency.queue_wait)
+
+    def prefilled(self, seconds: float) -> None:
         with self._lock:
-            self._ttft_sum += seconds
-            self._ttft_n += 1
-            for i, bound in enumerate(TTFT_BUCKETS):
-                if seconds <= bound:
-                    self._ttft_counts[i] += 1
+            self.prefill.observe(seconds)
+
+    def first_token(self, latency: Latency) -> None:
+        """A request's first text went out: its time from admission and the steps it waited for."""
+        with self._lock:
+            if latency.time_to_first_token is not None:
+                self.ttft.observe(latency.time_to_first_token)
+            if latency.steps_before_first is not None:
+                self.steps_to_first.observe(latency.steps_before_first)
+
+    def decode_steps(self) -> int:
+        """Decoding steps so far (what a request's steps before its first text are counted against)."""
+        with self._lock:
+            return self.steps
 
     def finish(self, reason: str) -> None:
         with self._lock:
@@ -113,13 +157,29 @@ class Metrics:
                 f"Tokens generated per second over the last {RATE_WINDOW:g} s.",
                 [("", rate)],
             )
-            buckets = [(f'_bucket{{le="{_number(b)}"}}', n) for b, n in zip(TTFT_BUCKETS, self._ttft_counts)]
-            buckets.append(('_bucket{le="+Inf"}', self._ttft_n))
             metric(
                 "longswift_time_to_first_token_seconds",
                 "histogram",
-                "Seconds from a request's admission to its first generated text.",
-                [*buckets, ("_sum", self._ttft_sum), ("_count", self._ttft_n)],
+                "Seconds from a request's arrival to its first generated text.",
+                self.ttft.samples(),
+            )
+            metric(
+                "longswift_queue_wait_seconds",
+                "histogram",
+                "Seconds from a request's arrival to its batch row (--max-batch 1: to its start).",
+                self.queue_wait.samples(),
+            )
+            metric(
+                "longswift_prefill_seconds",
+                "histogram",
+                "Seconds of a request's own prefill (its chunks' compute, not the steps between them).",
+                self.prefill.samples(),
+            )
+            metric(
+                "longswift_first_token_decode_steps",
+                "histogram",
+                "Decoding steps from a request's row to its first text, the step that decided it included.",
+                self.steps_to_first.samples(),
             )
             return "\n".join(lines) + "\n"
 

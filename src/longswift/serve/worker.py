@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
-import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -27,6 +26,7 @@ from ..errors import LongswiftError, NumericalError, OutputError, PromptError
 from ..inputs import check_text
 from ..jobs.state import JobState
 from .config import ServeConfig
+from .latency import Latency
 from .metrics import Metrics
 from .protocol import ApiError, ServeRequest
 from .public import public_message, public_result
@@ -58,14 +58,13 @@ CANCELLED = Failed(499, "the client disconnected; the generation was cancelled")
 class Job:
     """A request admitted to the worker: its events arrive on `events`; `cancel()` stops it at the next step."""
 
-    def __init__(self, request: ServeRequest, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, request: ServeRequest, loop: asyncio.AbstractEventLoop, received: float | None = None) -> None:
         self.request = request
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = threading.Event()
         self._loop = loop
         self.slot = QueueSlot()  # set by the worker that admitted it
-        self.admitted_at = time.monotonic()
-        self.answered = False  # whether its first text was sent (time to first token)
+        self.latency = Latency() if received is None else Latency(received)  # its way to its first text
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -96,7 +95,8 @@ class Worker:
     def _start(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="longswift-generate")
 
-    def submit(self, request: ServeRequest, loop: asyncio.AbstractEventLoop) -> Job:
+    def submit(self, request: ServeRequest, loop: asyncio.AbstractEventLoop, received: float | None = None) -> Job:
+        """Admit `request` (429 when full); `received`: when its HTTP request arrived (time.monotonic())."""
         if request.job_id is not None and self.config.jobs_dir is None:
             raise ApiError(400, "job_id needs a server started with --jobs-dir DIR", param="job_id")
         with self._lock:
@@ -112,7 +112,7 @@ class Worker:
                     code="server_busy",
                 )
             self._admitted += 1
-        job = Job(request, loop)
+        job = Job(request, loop, received)
         job.slot = QueueSlot(self._lock, self._leave)
         self._dispatch(job)
         return job
@@ -150,6 +150,8 @@ class Worker:
             return  # abandoned while waiting: its place was released then, and nobody waits for its events
         with self._lock:
             self._running += 1
+        job.latency.seat(self.metrics.decode_steps())
+        self.metrics.seated(job.latency)
         final: Event = CANCELLED
         try:
             if self._stopping.is_set():
@@ -203,13 +205,16 @@ class Worker:
         if path is not None:
             stream.snapshot().save(path)  # a finished job: repeating the request returns the same text at once
         assert stream.result is not None
+        prefill_s = stream.result.stats.get("prefill_s")
+        if isinstance(prefill_s, float):  # known only now, from the result (the batched server knows it at once)
+            job.latency.prefill_s = prefill_s
+            self.metrics.prefilled(prefill_s)
         return Finished(public_result(stream.result))
 
     def _forward(self, job: Job, piece: Piece) -> None:
         """Send a piece to the job's client (timing its first text)."""
-        if piece.text and not job.answered:
-            job.answered = True
-            self.metrics.first_token(time.monotonic() - job.admitted_at)
+        if piece.text and job.latency.first(self.metrics.decode_steps()):
+            self.metrics.first_token(job.latency)
         job.send(piece)
 
     def _job_path(self, job_id: str | None) -> Path | None:
