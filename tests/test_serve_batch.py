@@ -112,12 +112,12 @@ def test_late_joiner_starts_while_a_long_job_runs(idle, engine):
     assert first + rest == reference(engine, "king", "greedy", 160)
 
 
-def test_a_joiner_s_first_chunk_comes_one_step_after_each_prefill_chunk(idle, engine):
-    """A request joining 3 running ones gets its first text from the batched step of the round that ran its last
-    prefill chunk: 1 step after its row for a one-chunk prompt, 2 for a two-chunk one (the others step once between
-    its chunks). Counted by the server (the final chunk's `latency`, /metrics), not timed."""
+def test_a_joiner_s_first_chunk_comes_from_its_prefill_before_any_step(idle, engine):
+    """A request joining 3 running ones gets its first text from its own prefill's last logits, sent before the
+    round's batched step: 0 steps after its row for a one-chunk prompt, 1 for a two-chunk one (the others step once
+    between its chunks). Counted by the server (the final chunk's `latency`, /metrics), not timed."""
     prompt = engine.encode(PROMPTS["two-chunks"])
-    assert 512 < len(prompt) - 1 <= 1024  # the last prompt token is the first step's root, the rest is prefilled
+    assert 512 < len(prompt) <= 1024  # two prefill chunks
     running = [
         idle.client().completions.create(
             model=MODEL, prompt=PROMPTS["king"], max_tokens=20_000, stream=True, extra_body={"ignore_eos": True}
@@ -133,7 +133,7 @@ def test_a_joiner_s_first_chunk_comes_one_step_after_each_prefill_chunk(idle, en
     after = parse(httpx.get(idle.url + "/metrics"))
     for s in running:
         s.close()
-    for name, steps in (("hamlet", 1), ("two-chunks", 2)):
+    for name, steps in (("hamlet", 0), ("two-chunks", 1)):
         text, last = out[name]
         assert text == reference(engine, name, "greedy", 8)
         lat = last.model_extra["longswift"]["latency"]
@@ -145,9 +145,9 @@ def test_a_joiner_s_first_chunk_comes_one_step_after_each_prefill_chunk(idle, en
         return after[name] - before[name]
 
     assert added("longswift_first_token_decode_steps_count") == 2
-    assert added('longswift_first_token_decode_steps_bucket{le="1"}') == 1
-    assert added('longswift_first_token_decode_steps_bucket{le="2"}') == 2
-    assert added("longswift_first_token_decode_steps_sum") == 3
+    assert added('longswift_first_token_decode_steps_bucket{le="0"}') == 1
+    assert added('longswift_first_token_decode_steps_bucket{le="1"}') == 2
+    assert added("longswift_first_token_decode_steps_sum") == 1
     assert added("longswift_prefill_seconds_count") == added("longswift_queue_wait_seconds_count") == 2
     assert added("longswift_time_to_first_token_seconds_count") == 2
     idle.wait_idle(10)

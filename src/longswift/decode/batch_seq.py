@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import Tensor
-
 from ..config import SpeculationConfig
 from ..model.heads import DraftHeads
 from ..model.transformer import Transformer
@@ -45,7 +43,6 @@ class Sequence:
         self.row = -1
         self.to_prefill: list[int] = []
         self.prefilled = 0
-        self.last_hidden: Tensor | None = None
         self.hindsight = Hindsight(self.acceptance.learn)  # candidate tries waiting for their decided tokens
         self.counts = StepCounts()
         # AR keeps no accepted drafts, as single-sequence AR (bound.py reads their absence)

@@ -80,6 +80,7 @@ class BatchDecoder:
         )
         self.free = list(range(rows))
         self.joining: list[Sequence] = []
+        self._joined = False  # a sequence became active since the last step (its first step is not timed)
         self.active: list[Sequence] = []
         adaptive = spec.candidates == "adaptive"
         self.budget = BatchBudget(adaptive, spec.max_nodes(), self.time_forward)
@@ -115,7 +116,7 @@ class BatchDecoder:
         seq.context.extend(ids)
         seq.ngrams.add(ids)
         self.counts.reset(seq.row, seq.context.ids(), seq.chooser.cfg.penalty_window)
-        seq.to_prefill = ids[:-1]  # the last id is the first root, fed by the first step
+        seq.to_prefill = ids  # the prefill's last logits choose the first new token (the first step's root)
         self.joining.append(seq)
 
     def take_failures(self) -> list[tuple[Sequence, Exception]]:
@@ -134,8 +135,11 @@ class BatchDecoder:
             seq.row = -1
 
     @torch.inference_mode()
-    def prefill_chunk(self) -> Sequence | None:
-        """Prefill one chunk of the first joining sequence; -> that sequence once it is ready to decode."""
+    def prefill_chunk(self) -> tuple[Sequence, list[int]] | None:
+        """Prefill one chunk of the first joining sequence; -> that sequence and its first new token once its
+        prompt is in (it then decodes from the next step), as AR chooses it from the prefill's last logits: a
+        joiner's first text needs no batched step. A sequence whose logits are not finite fails alone
+        (`take_failures`)."""
         if not self.joining:
             return None
         seq = self.joining[0]
@@ -143,22 +147,42 @@ class BatchDecoder:
         view = self.cache.row(seq.row)
         done = seq.prefilled
         part = seq.to_prefill[done : done + self.chunk]
-        if part:
-            ids = torch.tensor(part, device=self.model.device)
-            positions = torch.arange(done, done + len(part), device=self.model.device)
-            seq.last_hidden = self.model(ids[None], positions, view)[0, -1]
-            view.commit()
-            seq.prefilled += len(part)
+        ids = torch.tensor(part, device=self.model.device)
+        positions = torch.arange(done, done + len(part), device=self.model.device)
+        hidden = self.model(ids[None], positions, view)[0, -1]
+        view.commit()
+        seq.prefilled += len(part)
+        first = None
         if seq.prefilled == len(seq.to_prefill):
             self.joining.pop(0)
-            if seq.drafter is not None and seq.last_hidden is not None:
-                seq.drafter.observe(seq.last_hidden)
-                seq.draft = seq.drafter.propose(seq.context.ids(), None, None)  # type: ignore[arg-type]
-            self.active.append(seq)
-            self.active.sort(key=lambda s: s.row)
+            first = self._first_token(seq, hidden)
         t1 = self.timer.add("prefill", t0, sync=True)
         seq.timer.totals["prefill"] = seq.timer.totals.get("prefill", 0.0) + t1 - t0
-        return seq if seq in self.active else None
+        return (seq, first) if first is not None else None
+
+    def _first_token(self, seq: Sequence, hidden: Tensor) -> list[int] | None:
+        """The token after the prompt, by the sequence's own chooser (its penalty, its seeded draw, its bounds
+        record: exactly AR's first choice), entered like a step's tokens; then the drafts below it."""
+        chooser, context = seq.chooser, seq.context
+        margins, chooser.margins = chooser.margins, None  # batched rows record no margins (see README)
+        try:
+            token = chooser.choose(self.model.logits(hidden), context.ids())
+        except NumericalError as error:
+            self._failed.append((seq, error))
+            return None
+        finally:
+            chooser.margins = margins
+        window = chooser.cfg.penalty_window
+        self.counts.update([(seq.row, [token])], [(seq.row, window_change(context.host + [token], 1, window))])
+        context.extend([token])
+        seq.ngrams.add([token])
+        if seq.drafter is not None:
+            seq.drafter.observe(hidden)
+            seq.draft = seq.drafter.propose(context.ids(), None, None)  # type: ignore[arg-type]
+        self.active.append(seq)
+        self.active.sort(key=lambda s: s.row)
+        self._joined = True
+        return [token]
 
     @torch.inference_mode()
     def step(self) -> dict[Sequence, list[int]]:
@@ -175,9 +199,10 @@ class BatchDecoder:
         speculative = kind == "draft" and any(s.mode == "tokenswift" for s in seqs)
         t = self.timer.now()
         # A batch of AR rows (or an AR step) has nothing to choose; a batch still filling up would time widths
-        # for row counts it is about to outgrow.
-        if speculative and not self.joining and self.budget.calibrate_if_due(priced, context):
+        # for row counts it is about to outgrow; a joiner's first step would wait for the timing.
+        if speculative and not (self.joining or self._joined) and self.budget.calibrate_if_due(priced, context):
             self.timer.add("calibrate", t)
+        self._joined = False
         t0 = self.timer.now()
         tries = [self._candidates(s) if speculative else Trie.rooted(s.context.last) for s in seqs]
         if speculative:

@@ -110,8 +110,14 @@ class BatchStream:
         """One round: free rows to waiting jobs, drop cancelled ones, one prefill chunk, one batched step.
 
         Every job's tokens of the step reach its transcript before the pieces are returned, so between rounds
-        every job is at a step boundary (what `snapshot` needs).
+        every job is at a step boundary (what `snapshot` needs). A server runs the two halves itself, to send a
+        joiner's first text before the step.
         """
+        return self.prefill_round() + self.step_round()
+
+    def prefill_round(self) -> list[BatchPiece]:
+        """The round's first half: admissions, cancellations, one prefill chunk (and the first token of the job
+        whose prefill it finished: a piece of its own)."""
         if self.threads is not None and self.threads.source != "torch":
             if torch.get_num_threads() != self.threads.threads:  # another job may have set its own count
                 torch.set_num_threads(self.threads.threads)
@@ -119,11 +125,19 @@ class BatchStream:
         decoder = self.decoder
         ready = decoder.prefill_chunk()
         self.prefilled = None
-        if ready is not None:
-            self.prefilled = Prefilled(ready.key, time.monotonic(), ready.timer.totals.get("prefill", 0.0))
+        stepped = []
+        if ready is not None:  # its first token came from the prefill: it is out before any step
+            seq, first = ready
+            self.prefilled = Prefilled(seq.key, time.monotonic(), seq.timer.totals.get("prefill", 0.0))
+            stepped.append(self._push(seq, first))
+        return pieces + [p for p in stepped if p is not None]
+
+    def step_round(self) -> list[BatchPiece]:
+        """The round's second half: one batched step of every decoding job."""
+        decoder = self.decoder
         stepped = [self._push(seq, tokens) for seq, tokens in decoder.step().items()]
         stepped += [self._fail(seq, error) for seq, error in decoder.take_failures()]
-        return pieces + [p for p in stepped if p is not None]
+        return [p for p in stepped if p is not None]
 
     def _push(self, seq: Sequence, tokens: list[int]) -> BatchPiece | None:
         transcript = self.jobs[seq.key].transcript

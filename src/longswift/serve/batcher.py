@@ -2,10 +2,11 @@
 
 The thread loops: take newly admitted requests (checked at once, so a bad one is answered 400 without waiting),
 give free rows to waiting ones first come first served, tell the stream which clients left, run one round
-(`run_once`: one 512-token prefill chunk of a joining request, one batched step of the running ones), forward
-every piece to its client, and checkpoint `job_id` jobs. A request that arrives while others run long jobs joins
-at the next round with a free row; its first text comes after its own chunked prefill plus one step, each chunk
-delaying the running requests by one chunk's time (a k-chunk prompt waits k steps; each request's `Latency`
+(`prefill_round`: one 512-token prefill chunk of a joining request, whose last chunk's logits give its first
+token, sent at once; `step_round`: one batched step of the running ones), forward every piece to its client, and
+checkpoint `job_id` jobs. A request that arrives while others run long jobs joins at the next round with a free
+row; its first text comes right after its own chunked prefill, each chunk delaying the running requests by one
+chunk's time (a k-chunk prompt waits k - 1 steps; each request's `Latency`
 records its queue wait, prefill and steps before its first text, for `/metrics` and its final chunk). Nothing
 starves: rows are given in arrival order and every running request advances every step. What does not fit
 (N running + `max_queue` waiting) is answered 429.
@@ -107,22 +108,27 @@ class BatchWorker(Worker):
             if not self._stream.pending:
                 continue
             steps = self._stream.decoder.steps
-            try:
-                pieces = self._stream.run_once()
-            except Exception as exc:  # a bug: every running job fails in one line, the server goes on
-                final = self.failure(exc)
-                for seat in seats.values():
-                    self._end(seat.job, final, running=True)
-                seats.clear()
-                self._stream = self.engine.open_batch(self.rows, self.context, self._spec)
-                continue
-            tokens = sum(len(p.piece.token_ids) for p in pieces)
-            if tokens or self._stream.decoder.steps > steps:
-                self.metrics.step(tokens, self._stream.decoder.steps - steps)
-            self._note_prefill(seats)
-            for piece in pieces:
-                self._deliver(piece, seats)
-            self._checkpoint(seats)
+            tokens = 0
+            # The round in two halves: a joiner's first text (chosen from its prefill) goes out before the step.
+            for half in (self._stream.prefill_round, self._stream.step_round):
+                try:
+                    pieces = half()
+                except Exception as exc:  # a bug: every running job fails in one line, the server goes on
+                    final = self.failure(exc)
+                    for seat in seats.values():
+                        self._end(seat.job, final, running=True)
+                    seats.clear()
+                    self._stream = self.engine.open_batch(self.rows, self.context, self._spec)
+                    break
+                tokens += sum(len(p.piece.token_ids) for p in pieces)
+                if half == self._stream.prefill_round:
+                    self._note_prefill(seats)
+                for piece in pieces:
+                    self._deliver(piece, seats)
+            else:
+                if tokens or self._stream.decoder.steps > steps:
+                    self.metrics.step(tokens, self._stream.decoder.steps - steps)
+                self._checkpoint(seats)
 
     def _take(self, waiting: deque[_Waiting], block: bool) -> None:
         """Move admitted jobs from the inbox to `waiting`, each checked now (a bad request is answered at once)."""

@@ -3,11 +3,11 @@
 From the moment its HTTP request reaches the application, a streamed request's first chunk waits for: its body
 and checks (`admitted_s`), a row (`queue_s`: the rest of the round in progress, then, when every row is taken, a
 free one), its own prefill (`prefill_s` of compute; chunked, each 512-token chunk sharing a round with one batched
-step of the running requests), the batched step whose forward decides its first tokens (the last prompt token is
-that step's root, as in single-sequence decoding), more steps while the first tokens' text is held back (an
-incomplete UTF-8 character), then the hand-off from the worker thread to the event loop and the response.
-Counting the steps as well as timing them is what tells a slow step from a wait for extra steps: a one-chunk
-prompt's first text comes 1 step after its row, a k-chunk prompt's k steps after.
+step of the running requests; the last chunk's logits choose its first token, as single-sequence AR does, and
+that text is sent before the round's step), more steps only while the first tokens' text is held back (an
+incomplete UTF-8 character, a possible stop string), then the hand-off from the worker thread to the event loop
+and the response. Counting the steps as well as timing them is what tells a slow step from a wait for extra steps:
+a one-chunk prompt's first text comes 0 steps after its row, a k-chunk prompt's k - 1 steps after.
 
 The worker thread writes the fields up to `first_text`, the event loop `first_written`; each is written once,
 before the event that the other side reads after it, so no lock is needed. Times are `time.monotonic()`."""

@@ -20,7 +20,7 @@ from .latency import Latency
 # prompt's prefill on one batched step to a long one's wait for a row.
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 # Decoding steps from a request's row to its first text: 1 is a one-chunk prompt decided by the next step.
-STEPS_BUCKETS = (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)
+STEPS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32, 64, 128)
 RATE_WINDOW = 10.0  # seconds over which tokens/s is measured
 
 
