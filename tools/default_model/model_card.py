@@ -90,7 +90,9 @@ def _training_section(metrics: Mapping[str, Any]) -> list[str]:
         f"weight decay {settings['weight_decay']:g}, gradient clipping {settings['grad_clip']:g}, {precision}, "
         f"seed {settings['seed']}.",
         f"- One CPU thread: {_minutes(metrics['train_seconds'])} of training "
-        f"({metrics['seconds_per_step']:.2f} s/step), {_minutes(metrics['wall_seconds'])} wall time in all.",
+        f"({metrics['seconds_per_step']:.2f} s/step), "
+        + ("the last stage " if len(metrics.get("stages") or []) > 1 else "")
+        + f"{_minutes(metrics['wall_seconds'])} wall time in all.",
         f"- torch {metrics['torch_version']}, transformers {metrics['transformers_version']}.",
         *_stage_lines(metrics),
         "",
@@ -242,7 +244,7 @@ def render_model_card(
         "# longswift default model",
         "",
         "This is a demonstration model, not a good programmer. It is a tiny Llama trained from scratch on Django's "
-        "Python source, in about an hour and a half on one CPU thread (base model and draft heads), so that "
+        "Python source, in a few hours on one CPU thread (base model and draft heads), so that "
         "longswift runs and can be tested out of the box without downloading anything. Its code is locally "
         "plausible Django-style Python that does not run; use a real model for real work. It replaced a "
         "pseudo-Shakespeare model whose text was too unpredictable (mean top-token probability 0.20 under the "
@@ -257,7 +259,12 @@ def render_model_card(
     lines += _quality_section(quality)
     lines += _long_run_section(long_run)
     lines += _sample_section(sample_text)
-    lines += ["## Rebuild", "", f"`{REBUILD_COMMAND}` from the repository root (see tools/default_model/).", ""]
+    lines += ["## Rebuild", "", f"`{REBUILD_COMMAND}` from the repository root (see tools/default_model/)."]
+    if len(metrics.get("stages") or []) > 1:
+        lines += ["That builds the corpus, the tokenizer and the first training stage; the later stages above continue "
+                  "it (`--resume` with their flags), and `python -m tools.default_model.build --only-heads` then "
+                  "trains the heads on the result."]
+    lines += [""]
     return "\n".join(lines)
 
 
