@@ -26,6 +26,8 @@ import torch
 from torch import Tensor
 
 from ..config import SamplingConfig
+from ..errors import NumericalError
+from .drafting import Draft
 from .sampling import penalise, warp
 from .tree import Trie
 
@@ -196,3 +198,29 @@ def _uniforms(generator: torch.Generator, n: int) -> Tensor:
     if generator.device.type == "cpu":
         return torch.rand(n, generator=generator)
     return torch.stack([torch.rand((), generator=generator, device=generator.device) for _ in range(n)])
+
+
+def unpack_draft(values: list[float], tree: tuple[int, ...], i: int, count: int) -> Draft:
+    """Sequence i's draft (of `count` speculative sequences) from the flattened (depths, S, width) probabilities,
+    then ids, of the step's one host read."""
+    levels, w = len(tree), max(tree)
+    total = levels * count * w
+    probs, ids = values[:total], values[total:]
+    out_t, out_p = [], []
+    for d, width in enumerate(tree):
+        base = (d * count + i) * w
+        out_t.append([int(x) for x in ids[base : base + width]])
+        out_p.append(probs[base : base + width])
+    return Draft(out_t, out_p)
+
+
+def lookup(choices: list[int], offset: int, node: int) -> int:
+    """The walk's `choose`: the choice already computed for `node` of the trie whose nodes start at `offset`."""
+    return choices[offset + node]
+
+
+def non_finite(position: int) -> NumericalError:
+    return NumericalError(
+        f"the model produced NaN or infinite logits for the token at position {position}; the text before it "
+        "is kept. This is usually a numeric overflow: try --dtype fp32 (or bf16 instead of fp16)"
+    )

@@ -38,10 +38,13 @@ from .batch_choice import (
     NodeTable,
     WindowCounts,
     last_accepted,
+    lookup,
     node_presence,
     node_table,
+    non_finite,
     penalised_logits,
     sampled_choices,
+    unpack_draft,
     window_change,
 )
 from .batch_seq import Sequence
@@ -287,10 +290,10 @@ class BatchDecoder:
         accepted: dict[Sequence, list[int]] = {}
         entering, leaving = [], []
         for seq, trie, off in zip(seqs, tries, offsets):
-            result = walk(trie, partial(_lookup, host_choice, off))
+            result = walk(trie, partial(lookup, host_choice, off))
             visited = [0] + result.nodes
             if not all(host_ok[off + v] for v in visited):  # this sequence fails; the others go on
-                self._failed.append((seq, _non_finite(seq.context.length)))
+                self._failed.append((seq, non_finite(seq.context.length)))
                 continue
             self.cache.commit_row(seq.row, visited)
             if seq.uniforms is not None:
@@ -308,7 +311,7 @@ class BatchDecoder:
         spec_seqs = [s for s in seqs if s.mode == "tokenswift"]
         for i, seq in enumerate(spec_seqs):
             if seq in out:
-                seq.draft = self._unpack_draft(draft_values, i, len(spec_seqs)) if draft else Draft.empty()
+                seq.draft = unpack_draft(draft_values, self.spec.tree, i, len(spec_seqs)) if draft else Draft.empty()
         return out, accepted
 
     def _sample(
@@ -374,18 +377,6 @@ class BatchDecoder:
         probs, ids = logits.softmax(-1).topk(max(self.spec.tree), dim=-1)
         return [probs, ids]
 
-    def _unpack_draft(self, values: list[float], i: int, count: int) -> Draft:
-        """Sequence i's draft from the flattened (depths, S, width) probabilities then ids."""
-        levels, w = len(self.spec.tree), max(self.spec.tree)
-        total = levels * count * w
-        probs, ids = values[:total], values[total:]
-        out_t, out_p = [], []
-        for d, width in enumerate(self.spec.tree):
-            base = (d * count + i) * w
-            out_t.append([int(x) for x in ids[base : base + width]])
-            out_p.append(probs[base : base + width])
-        return Draft(out_t, out_p)
-
     @torch.inference_mode()
     def time_forward(self, rows: int, width: int) -> float:
         """Seconds of one batched forward (and its node logits) of `width` tokens in each of `rows` rows, now."""
@@ -397,29 +388,9 @@ class BatchDecoder:
         t0 = self.timer.now(sync=True)
         self.cache.begin(rows, width)
         cfg = self.model.cfg
-        bias = batch_bias(
-            lengths,
-            [causal] * rows,
-            width,
-            self.cache.end,
-            cfg.group_size,
-            self.model.dtype,
-            cfg.sliding_window,
-            depths,
-        )
+        end, window = self.cache.end, cfg.sliding_window
+        bias = batch_bias(lengths, [causal] * rows, width, end, cfg.group_size, self.model.dtype, window, depths)
         positions = torch.tensor(lengths, device=device)[:, None] + depths
         hidden = self.model(tokens, positions, self.cache, vis=Visibility(bias))
         self.model.logits(hidden.reshape(-1, hidden.shape[-1]))
         return self.timer.now(sync=True) - t0  # nothing was committed: the written rows are simply dropped
-
-
-def _lookup(choices: list[int], offset: int, node: int) -> int:
-    """The walk's `choose`: the choice already computed for `node` of the trie whose nodes start at `offset`."""
-    return choices[offset + node]
-
-
-def _non_finite(position: int) -> NumericalError:
-    return NumericalError(
-        f"the model produced NaN or infinite logits for the token at position {position}; the text before it "
-        "is kept. This is usually a numeric overflow: try --dtype fp32 (or bf16 instead of fp16)"
-    )
