@@ -157,30 +157,18 @@ class Metrics:
                 f"Tokens generated per second over the last {RATE_WINDOW:g} s.",
                 [("", rate)],
             )
-            metric(
-                "longswift_time_to_first_token_seconds",
-                "histogram",
-                "Seconds from a request's arrival to its first generated text.",
-                self.ttft.samples(),
-            )
-            metric(
-                "longswift_queue_wait_seconds",
-                "histogram",
-                "Seconds from a request's arrival to its batch row (--max-batch 1: to its start).",
-                self.queue_wait.samples(),
-            )
-            metric(
-                "longswift_prefill_seconds",
-                "histogram",
-                "Seconds of a request's own prefill (its chunks' compute, not the steps between them).",
-                self.prefill.samples(),
-            )
-            metric(
-                "longswift_first_token_decode_steps",
-                "histogram",
-                "Decoding steps from a request's row to its first text, the step that decided it included.",
-                self.steps_to_first.samples(),
-            )
+            histograms = (
+                ("time_to_first_token_seconds", "Seconds from a request's arrival to its first generated text.",
+                 self.ttft),
+                ("queue_wait_seconds", "Seconds from a request's arrival to its batch row (--max-batch 1: to its "
+                 "start).", self.queue_wait),
+                ("prefill_seconds", "Seconds of a request's own prefill (its chunks' compute, not the steps between "
+                 "them).", self.prefill),
+                ("first_token_decode_steps", "Decoding steps of the others from a request's row to its first text "
+                 "(0: straight from its prefill).", self.steps_to_first),
+            )  # fmt: skip
+            for name, help_text, histogram in histograms:
+                metric(f"longswift_{name}", "histogram", help_text, histogram.samples())
             return "\n".join(lines) + "\n"
 
 
