@@ -84,12 +84,20 @@ def test_batch_bench_on_a_tiny_model(tiny_llama, tmp_path):
         assert key in runs[0]
     assert runs[1]["sequences"][0]["identity"] == "identical"
     assert set(saved["batch"]["summaries"][1]["ratios"]) == set(RATIOS)
+    # the steady state: the batched runs' steps with both rows decoding, counted apart from the tail
+    for run in runs:
+        if run["method"].endswith("-batched") and run["method"] != "hf-batched" and run["batch_size"] == 2:
+            stats = run["stats"]
+            assert 0 < stats["full_batch_steps"] <= stats["steps"] and stats["full_batch_tokens_per_s"] > 0
+    assert saved["batch"]["summaries"][1]["full_ratios"]["batched_tokenswift_vs_batched_ar"] > 0
+    assert "ratios (all rows busy)" in table
     with open(cfg.out / "batch.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 10 and rows[1]["identical_sequences"] == "1"
     assert len((cfg.out / "runs.jsonl").read_text().splitlines()) == 10
     line = json.loads(summary_json(report))
     assert line["lossless"] is True and "B=2 ar-batched" in line["aggregate_tokens_per_s"]["24"]
+    assert line["full_batch_ratios"]["24"]["B=2"]["batched_tokenswift_vs_batched_ar"] > 0
 
 
 def test_batch_bench_sampling_identity_without_hf(tiny_llama, tmp_path):

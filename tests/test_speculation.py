@@ -13,6 +13,7 @@ import pytest
 
 import longswift
 from longswift import SamplingConfig, SpeculationConfig
+from longswift.decode.batch_budget import BatchGate
 from longswift.decode.controller import AcceptanceStats, Controller, CostModel, StepGate, head_source, ngram_source
 from longswift.decode.ngram import HistoryLookup, NGramTable
 from longswift.decode.tokenswift import TokenSwiftDecoder
@@ -195,6 +196,41 @@ def test_step_gate_follows_the_fastest_kind_and_keeps_exploring():
     assert later.count("draft") >= 84 and {"cheap", "plain"} <= set(later)  # mostly drafts, still explores
     assert gate.shares()["draft"] == choices.count("draft") / 96
     assert StepGate(("draft",)).choose() == "draft"
+
+
+def test_step_gate_notices_a_kind_that_became_faster_within_a_few_explorations():
+    # Drafting starts slow (nothing learned yet), then pays 3x: with only one exploring step in 16, a plain
+    # exponential average would keep the two slow samples for hundreds of steps; the mean of the first samples
+    # follows the new rate after a few explorations.
+    gate = StepGate(("draft", "plain"))
+    choices = []
+    for step in range(320):
+        kind = gate.choose()
+        choices.append(kind)
+        if kind == "plain":
+            gate.record(kind, 1, 0.01)  # 100 tokens/s
+        else:  # 33 tokens/s in the first two drafting steps, 300 afterwards
+            gate.record(kind, *((1, 0.03) if step < 4 else (3, 0.01)))
+    first_draft_run = next(i for i in range(4, 320) if choices[i : i + 8] == ["draft"] * 8)
+    assert first_draft_run <= 4 + 4 * StepGate.EXPLORE_EVERY  # an exponential average alone: ~14 explorations
+    assert choices[-16:].count("draft") >= 15
+
+
+def test_batch_gate_judges_each_row_count_on_its_own():
+    # 2 rows: drafting loses; 8 rows: it wins. One gate over both would compare the row counts, not the kinds.
+    gate = BatchGate(("draft", "plain"), max_rows=8)
+    rate = {(2, "draft"): 1.0, (2, "plain"): 2.0, (8, "draft"): 12.0, (8, "plain"): 8.0}
+    picks: dict[int, list[str]] = {2: [], 8: []}
+    for step in range(64):
+        rows = 2 if step < 16 else 8
+        kind, chosen_by = gate.choose(rows)
+        picks[rows].append(kind)
+        chosen_by.record(kind, int(rate[(rows, kind)] * 10), 0.01)
+    assert picks[2][4:].count("plain") >= len(picks[2]) - 6  # after measuring both kinds twice
+    assert picks[8][4:].count("draft") >= len(picks[8]) - 8
+    assert gate.choose(7)[1] is gate.choose(5)[1] is gate.gates[8]  # rows round up to a power of two
+    shares = gate.shares()
+    assert shares["draft"] + shares["plain"] == pytest.approx(1.0)
 
 
 def test_history_lookup_continues_the_last_occurrence_periodically():

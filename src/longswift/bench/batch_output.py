@@ -111,6 +111,9 @@ def format_batch_table(report: BenchReport) -> str:
         decode = [f"{RATIO_LABELS[k]} {v:.2f}x" for k, v in s.decode_ratios.items() if v is not None]
         if decode:
             lines.append(f"{s.gen_len:>8,} {s.batch_size:>3} ratios (dec tok/s): " + "; ".join(decode))
+        full = [f"{RATIO_LABELS[k]} {v:.2f}x" for k, v in s.full_ratios.items() if v is not None]
+        if full:
+            lines.append(f"{s.gen_len:>8,} {s.batch_size:>3} ratios (all rows busy): " + "; ".join(full))
     env = report.environment
     lines.append(
         f"device {env['device_name']} ({env['dtype']}), {env['cpu']}; prompts: {report.prompts.source} "
@@ -118,7 +121,8 @@ def format_batch_table(report: BenchReport) -> str:
     )
     lines.append(
         "agg tok/s: all B sequences' new tokens / the run's wall time (prefills included); dec tok/s: the same "
-        "over the wall time less the prefills; seq tok/s: the mean "
+        "over the wall time less the prefills; all rows busy: the batched runs' steps with every row decoding "
+        "(a fixed set of jobs ends with a tail of few rows); seq tok/s: the mean "
         "of each sequence's own decoding rate; hf-batched differences are reported, never failed (padding and "
         "batched kernels change transformers' numerics)"
     )
@@ -189,6 +193,7 @@ def batch_summary_json(report: BenchReport) -> str:
             },
             "ratios": per_length("ratios"),
             "decode_ratios": per_length("decode_ratios"),
+            "full_batch_ratios": per_length("full_ratios"),
         },
         separators=(",", ":"),
     )

@@ -33,6 +33,8 @@ RATIOS = {
     "batched_ar_vs_hf_batched": (AR_BATCH, HF_BATCH),
 }
 
+FULL_RATIOS = {"batched_tokenswift_vs_batched_ar": (TS_BATCH, AR_BATCH)}
+
 
 @dataclass
 class BatchSequence:
@@ -89,6 +91,9 @@ class BatchSummary:
     gen_len: int
     ratios: dict[str, float | None]
     decode_ratios: dict[str, float | None] = field(default_factory=dict)
+    # the same of the batched runs' steps with all B rows decoding (stats "full_batch_tokens_per_s"): without
+    # the tail a fixed set of jobs leaves, where the fastest have finished and few rows share each forward
+    full_ratios: dict[str, float | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -123,7 +128,13 @@ class BatchReport:
                         ratios[name] = a.aggregate_tokens_per_s / z.aggregate_tokens_per_s
                     if a is not None and z is not None and z.decode_tokens_per_s > 0:
                         decode[name] = a.decode_tokens_per_s / z.decode_tokens_per_s
-                self.summaries.append(BatchSummary(b, gen_len, ratios, decode))
+                full: dict[str, float | None] = {}
+                for name, (top, bottom) in FULL_RATIOS.items():
+                    a, z = self.run(top, b, gen_len), self.run(bottom, b, gen_len)
+                    ra = a.stats.get("full_batch_tokens_per_s") if a is not None else None
+                    rz = z.stats.get("full_batch_tokens_per_s") if z is not None else None
+                    full[name] = ra / rz if ra and rz else None
+                self.summaries.append(BatchSummary(b, gen_len, ratios, decode, full))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -33,7 +33,7 @@ from ..errors import ConfigError, NumericalError
 from ..model.batch_cache import BatchKVCache, batch_bias
 from ..model.heads import DraftHeads
 from ..model.transformer import Transformer, Visibility
-from .batch_budget import BatchBudget, BatchChoice
+from .batch_budget import BatchBudget, BatchChoice, BatchGate
 from .batch_choice import (
     NodeTable,
     WindowCounts,
@@ -49,7 +49,7 @@ from .batch_choice import (
 )
 from .batch_seq import Sequence
 from .candidates import candidate_trie
-from .controller import StepGate, reach
+from .controller import reach
 from .drafting import Draft
 from .loop import PREFILL_CHUNK, Timer
 from .sampling import penalise
@@ -87,10 +87,10 @@ class BatchDecoder:
         self.active: list[Sequence] = []
         adaptive = spec.candidates == "adaptive"
         self.budget = BatchBudget(adaptive, spec.max_nodes(), self.time_forward)
-        # Whether drafting pays at all, judged by the batch's measured tokens per second (controller.StepGate):
-        # a "plain" step verifies every root alone (a batched AR step) and skips the heads.
-        self.gate = StepGate(("draft", "plain") if adaptive and heads is not None else ("draft",))
-        self._kind = self.gate.choose()
+        # Whether drafting pays at all, judged by the batch's measured tokens per second at its row count
+        # (batch_budget.BatchGate): a "plain" step verifies every root alone (a batched AR step), no heads.
+        self.gate = BatchGate(("draft", "plain") if adaptive and heads is not None else ("draft",), rows)
+        self._kind = self.gate.choose(1)
         self.timer = Timer(model.device)
         self.steps = 0
         self.host_reads = 0  # device-to-host reads made by steps (one per step; tests count them)
@@ -198,7 +198,7 @@ class BatchDecoder:
         # Costs are timed for a power-of-two number of rows (at most log2(rows) + 1 calibrations while a batch
         # fills up); the forward itself covers only `rows` rows.
         priced = min(1 << (rows - 1).bit_length(), self.cache.rows)
-        kind = self._kind
+        kind, gate = self._kind
         speculative = kind == "draft" and any(s.mode == "tokenswift" for s in seqs)
         t = self.timer.now()
         # A batch of AR rows (or an AR step) has nothing to choose; a batch still filling up would time widths
@@ -215,8 +215,8 @@ class BatchDecoder:
             choice = BatchChoice(tries, 1, float(len(tries)), math.nan)
         hidden = self._verify_forward(seqs, choice.tries, choice.width, rows)
         t1 = self.timer.add("verify", t0)
-        self._kind = self.gate.choose()  # the next step's kind: drafts are computed for a drafting step only
-        tokens, accepted = self._decide(seqs, choice.tries, hidden, choice.width, self._kind == "draft")
+        self._kind = self.gate.choose(len(seqs))  # the next step's kind: drafts are computed for drafting only
+        tokens, accepted = self._decide(seqs, choice.tries, hidden, choice.width, self._kind[0] == "draft")
         t2 = self.timer.add("bookkeeping", t1)
         for seq, candidates, verified in zip(seqs, tries, choice.tries):
             if seq not in tokens:
@@ -225,7 +225,7 @@ class BatchDecoder:
             seq.timer.totals["decode"] = seq.timer.totals.get("decode", 0.0) + t2 - t0
         if speculative:
             self.budget.measured(priced, choice.width, context, t2 - t0)
-        self.gate.record(kind, sum(len(t) for t in tokens.values()), t2 - t0)
+        gate.record(kind, sum(len(t) for t in tokens.values()), t2 - t0)
         self.steps += 1
         self.rows_per_step += len(seqs)
         self.width_sum += choice.width

@@ -68,6 +68,9 @@ class BatchStream:
         self.errors: dict[int, str] = {}  # jobs that failed (their text so far is in their result)
         self.prefilled: Prefilled | None = None  # the job whose prefill the last round finished (a server's timing)
         self.wall_s = 0.0
+        # Steps with every row decoding: the batch's steady state, which a fixed set of jobs leaves at its tail
+        # (the fastest jobs finish first); a server that keeps its rows full sees this rate.
+        self.full_steps, self.full_tokens, self.full_s = 0, 0, 0.0
         for job in jobs:
             self.submit(job)
 
@@ -135,7 +138,14 @@ class BatchStream:
     def step_round(self) -> list[BatchPiece]:
         """The round's second half: one batched step of every decoding job."""
         decoder = self.decoder
-        stepped = [self._push(seq, tokens) for seq, tokens in decoder.step().items()]
+        full = len(decoder.active) == decoder.cache.rows
+        t0 = time.perf_counter()
+        decided = decoder.step()
+        if full:
+            self.full_steps += 1
+            self.full_tokens += sum(len(tokens) for tokens in decided.values())
+            self.full_s += time.perf_counter() - t0
+        stepped = [self._push(seq, tokens) for seq, tokens in decided.items()]
         stepped += [self._fail(seq, error) for seq, error in decoder.take_failures()]
         return [p for p in stepped if p is not None]
 
@@ -218,4 +228,6 @@ class BatchStream:
             "calibrations": d.budget.calibrations,
             "step_kinds": d.gate.shares(),  # drafting steps vs batched AR steps (the gate's choice)
             "prefill_s": d.timer.totals.get("prefill", 0.0),
+            "full_batch_steps": self.full_steps,  # steps with every row decoding, and their tokens per second
+            "full_batch_tokens_per_s": self.full_tokens / self.full_s if self.full_s > 0 else None,
         }
