@@ -290,3 +290,64 @@ def test_other_architectures_batched_equal_alone(checkpoint_factory, arch, overr
     list(stream)
     for request, got in zip(requests, stream.results):
         assert_same(single(engine, request), got)
+
+
+def test_batched_forward_writes_each_row_after_its_own_length_and_commits_its_path():
+    """The cache of a batched forward: row r's T new keys land at [length_r, length_r + T) of row r in every
+    layer, nothing else changes, and `commit_row` keeps exactly the accepted offsets, in order."""
+    from longswift.config import ModelConfig
+    from longswift.model.batch_cache import BatchKVCache
+
+    cfg = ModelConfig(
+        "llama", 32, 16, 32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4, max_position_embeddings=64
+    )
+    cache = BatchKVCache(cfg, rows=3, capacity=12)
+    cache.lengths = [5, 2, 7]
+    before_k, before_v = cache._k.clone(), cache._v.clone()
+    cache.begin(active=2, width=3)  # rows 0 and 1 only; row 2 is not in this forward
+    k = torch.randn(2, cfg.num_kv_heads, 3, cfg.head_dim)
+    v = torch.randn(2, cfg.num_kv_heads, 3, cfg.head_dim)
+    keys, values = cache.write(1, k, v)
+    assert keys.shape == (2, cfg.num_kv_heads, 8, cfg.head_dim)  # span: the longest row (5) + width
+    expect_k, expect_v = before_k.clone(), before_v.clone()
+    for r, start in enumerate([5, 2]):
+        expect_k[1, r, :, start : start + 3] = k[r]
+        expect_v[1, r, :, start : start + 3] = v[r]
+    assert torch.equal(cache._k, expect_k) and torch.equal(cache._v, expect_v)
+    cache.commit_row(1, [0, 2])  # the root and its second candidate
+    assert cache.lengths == [5, 4, 7]
+    assert torch.equal(cache._k[1, 1, :, 3], k[1, :, 2]) and torch.equal(cache._v[1, 1, :, 2], v[1, :, 0])
+
+
+@pytest.mark.parametrize("width", [1, 2, 5])
+@pytest.mark.parametrize("window", [None, 6])
+def test_batch_bias_equals_the_visibility_rule_key_by_key(width, window):
+    """Each row's query i sees its committed keys, then this forward's keys its own trie mask allows (padding
+    sees only itself), within the window when there is one; tiled per GQA group. Checked against the rule
+    itself, key by key, for ragged lengths (width 1 is the batched AR step's own path)."""
+    from longswift.model.batch_cache import batch_bias
+
+    gen = torch.Generator().manual_seed(width)
+    lengths, group = [4, 0, 9], 2
+    masks, blocks = [], []
+    for n in (width, max(width - 1, 1), 1):
+        mask = (torch.rand(n, n, generator=gen) < 0.5).tril() | torch.eye(n, dtype=torch.bool)
+        masks.append(mask)
+        block = torch.eye(width, dtype=torch.bool)
+        block[:n, :n] = mask
+        blocks.append(block)
+    depths = torch.stack([blocks[r].sum(1) - 1 for r in range(3)])  # a node's depth: its ancestors, in these masks
+    span = max(lengths) + width
+    bias = batch_bias(lengths, masks, width, span, group, torch.float32, window, depths if window else None)
+    assert bias.shape == (3, 1, group * width, span)
+    for r, length in enumerate(lengths):
+        for i in range(width):
+            for j in range(span):
+                node = j - length
+                seen = j < length or (0 <= node < width and bool(blocks[r][i, node]))
+                if window is not None and seen:
+                    key_pos = j if j < length else length + int(depths[r, node])
+                    seen = length + int(depths[r, i]) - key_pos < window
+                for g in range(group):
+                    assert (bias[r, 0, g * width + i, j] == 0) == seen, (r, i, j, g)
+                    assert bias[r, 0, g * width + i, j] in (0, float("-inf"))

@@ -239,16 +239,15 @@ class BatchDecoder:
     def _verify_forward(self, seqs: list[Sequence], tries: list[Trie], width: int, rows: int) -> Tensor:
         """One forward of every row's trie, padded to `width` -> hidden (rows, width, H)."""
         device = self.model.device
-        tokens = torch.zeros(rows, width, dtype=torch.long)
-        depths = torch.zeros(rows, width, dtype=torch.long)
-        masks: list[Tensor] = [torch.zeros(0, 0, dtype=torch.bool)] * rows
+        token_rows, depth_rows = [[0] * width for _ in range(rows)], [[0] * width for _ in range(rows)]
+        masks: list[Tensor] = [torch.zeros(0, 0, dtype=torch.bool, device=device)] * rows
         for seq, trie in zip(seqs, tries):
             n = len(trie)
-            tokens[seq.row, :n] = torch.tensor(trie.tokens)
-            depths[seq.row, :n] = torch.tensor(trie.depths)
-            masks[seq.row] = trie.mask()
-        tokens, depths = tokens.to(device), depths.to(device)
-        masks = [m.to(device) for m in masks]
+            token_rows[seq.row][:n], depth_rows[seq.row][:n] = trie.tokens, trie.depths
+            if width > 1:  # one token a row sees only itself among the new keys: no mask to build
+                masks[seq.row] = trie.mask(device)
+        tokens = torch.tensor(token_rows, device=device)
+        depths = torch.tensor(depth_rows, device=device)
         lengths = self.cache.lengths[:rows]
         self.cache.begin(rows, width)
         cfg = self.model.cfg

@@ -41,7 +41,10 @@ class BatchKVCache:
         self._v = torch.zeros(shape, device=device, dtype=dtype)
         self.capacity = capacity
         self.lengths = [0] * rows
-        self._starts: Tensor | None = None  # (rows, 1): where this forward's tokens go in each row
+        # This forward's destinations in the (rows * kv_heads, capacity, head_dim) view of a layer, made once per
+        # forward by `begin` and shared by every layer's keys and values (built per write, they cost more than
+        # the writes: measured 90 µs against 25 µs a write at 8 rows, 12 writes a step).
+        self._where: tuple[Tensor, Tensor] | None = None
         self._span = 0  # keys a batched forward attends to: rows [0, _span) of every row
         self._width = 0  # tokens per row written by the current batched forward
         self._active = rows  # rows covered by the current batched forward
@@ -60,18 +63,21 @@ class BatchKVCache:
         longest = max(self.lengths[:active])
         if longest + width > self.capacity:
             raise ConfigError(f"KV cache is full: {longest + width} rows needed, capacity is {self.capacity}")
-        device = self._k.device
-        self._starts = torch.tensor(self.lengths[:active], device=device)[:, None]
+        device, heads = self._k.device, self._k.shape[2]
+        starts = torch.tensor(self.lengths[:active], device=device)[:, None]
+        positions = (starts + torch.arange(width, device=device)).repeat_interleave(heads, 0)  # (active*Hkv, T)
+        pairs = torch.arange(active * heads, device=device)[:, None].expand(active * heads, width)
+        self._where = (pairs, positions)
         self._span, self._width, self._active = longest + width, width, active
 
     def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """k/v (active, Hkv, T, D) go to rows [length_r, length_r + T) of each row -> views of key rows [0, span)."""
-        assert self._starts is not None, "begin() before a batched forward"
-        active, t = self._active, k.shape[2]
-        index = self._starts + torch.arange(t, device=k.device)  # (active, T)
-        batch = torch.arange(active, device=k.device)[:, None].expand(active, t)
-        self._k[layer][batch, :, index] = k.transpose(1, 2)  # advanced indices first: (active, T, Hkv, D)
-        self._v[layer][batch, :, index] = v.transpose(1, 2)
+        assert self._where is not None, "begin() before a batched forward"
+        active, heads, t, dim = k.shape
+        assert t == self._width, f"begin() announced {self._width} tokens per row, the forward wrote {t}"
+        for buffer, new in ((self._k, k), (self._v, v)):
+            flat = buffer[layer].view(-1, self.capacity, dim)  # (rows * Hkv, capacity, D): row r, head h at r*Hkv+h
+            flat.index_put_(self._where, new.reshape(active * heads, t, dim))
         return self._k[layer, :active, :, : self._span], self._v[layer, :active, :, : self._span]
 
     def advance(self, n: int) -> None:
@@ -157,14 +163,17 @@ def batch_bias(
     device = masks[0].device if masks else torch.device("cpu")
     length = torch.tensor(list(lengths), device=device)
     keys = torch.arange(span, device=device)
-    visible = (keys[None, None, :] < length[:, None, None]).expand(rows, width, span).clone()
-    block = torch.eye(width, dtype=torch.bool, device=device).repeat(rows, 1, 1)
-    for r, mask in enumerate(masks):
-        n = mask.shape[0]
-        block[r, :n, :n] = mask
-    for r in range(rows):  # the new keys of row r sit right after its committed rows
-        start = lengths[r]
-        visible[r, :, start : start + width] = block[r]
+    if width == 1:  # a batched AR step: each row's root sees its committed rows and itself, one comparison
+        visible = keys[None, None, :] <= length[:, None, None]
+    else:
+        visible = (keys[None, None, :] < length[:, None, None]).expand(rows, width, span).clone()
+        block = torch.eye(width, dtype=torch.bool, device=device).repeat(rows, 1, 1)
+        for r, mask in enumerate(masks):
+            n = mask.shape[0]
+            block[r, :n, :n] = mask
+        for r in range(rows):  # the new keys of row r sit right after its committed rows
+            start = lengths[r]
+            visible[r, :, start : start + width] = block[r]
     if window is not None:
         assert depths is not None, "a sliding window needs the queries' depths"
         query_pos = length[:, None] + depths  # (rows, width)
@@ -172,7 +181,6 @@ def batch_bias(
         committed = keys[None, :] < length[:, None]
         key_pos = torch.where(committed, keys[None, :], length[:, None] + depths.gather(1, offset))
         visible &= (query_pos[:, :, None] - key_pos[:, None, :]) < window
-    bias = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, float("-inf"))
     if group > 1:
-        bias = bias.repeat(1, group, 1)
-    return bias[:, None]
+        visible = visible.repeat(1, group, 1)
+    return torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, float("-inf"))[:, None]
