@@ -119,6 +119,18 @@ def test_expensive_nodes_make_every_step_a_batched_ar_step(tiny_llama, monkeypat
         assert_same(single(engine, request), got)
 
 
+def test_an_ar_batch_runs_plain_steps_and_tells_the_drafting_gate_nothing(tiny_llama):
+    """Steps of a batch without TokenSwift rows are batched AR steps whatever the gate chose: the stats say so,
+    and the gate keeps no sample from them (a TokenSwift job joining later is judged on its own steps)."""
+    engine = engine_for(tiny_llama)
+    adaptive = SpeculationConfig(tree=(1, 3, 3), candidates="adaptive", lookup=8)
+    requests = [GenerationRequest(p, 40, mode="ar", speculation=adaptive, ignore_eos=True) for p in ("A B", "C D")]
+    stream = engine.stream_many(requests, batch_size=2)
+    list(stream)
+    assert stream.stats()["step_kinds"] == {"draft": 0.0, "plain": 1.0}
+    assert all(sum(gate.seen.values()) == 0 for gate in stream.decoder.gate.gates.values())
+
+
 def test_bad_requests_are_refused_before_decoding(tiny_llama):
     engine = engine_for(tiny_llama)
     with pytest.raises(ConfigError, match="margins"):

@@ -116,8 +116,3 @@ class BatchGate:
         bucket = min(1 << (max(rows, 1) - 1).bit_length(), self.max_rows)
         gate = self.gates.setdefault(bucket, StepGate(self.kinds))
         return gate.choose(), gate
-
-    def shares(self) -> dict[str, float]:
-        """Each kind's share of all steps, over every row count."""
-        steps = sum(g.steps for g in self.gates.values())
-        return {k: sum(g.chosen[k] for g in self.gates.values()) / max(steps, 1) for k in self.kinds}

@@ -23,6 +23,7 @@ ends (`leave`), freeing its row for the next.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from functools import partial
 
 import torch
@@ -93,6 +94,7 @@ class BatchDecoder:
         self._kind = self.gate.choose(1)
         self.timer = Timer(model.device)
         self.steps = 0
+        self.kinds_run: Counter[str] = Counter()  # steps that drafted / verified roots alone, as they ran
         self.host_reads = 0  # device-to-host reads made by steps (one per step; tests count them)
         self.rows_per_step = 0
         self.width_sum = 0
@@ -225,7 +227,9 @@ class BatchDecoder:
             seq.timer.totals["decode"] = seq.timer.totals.get("decode", 0.0) + t2 - t0
         if speculative:
             self.budget.measured(priced, choice.width, context, t2 - t0)
-        gate.record(kind, sum(len(t) for t in tokens.values()), t2 - t0)
+        if any(s.mode == "tokenswift" for s in seqs):  # an AR-only batch's step says nothing about drafting
+            gate.record(kind, sum(len(t) for t in tokens.values()), t2 - t0)
+        self.kinds_run["draft" if speculative else "plain"] += 1
         self.steps += 1
         self.rows_per_step += len(seqs)
         self.width_sum += choice.width

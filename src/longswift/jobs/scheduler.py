@@ -226,7 +226,8 @@ class BatchStream:
             "mean_width": d.width_sum / steps,
             "host_reads": d.host_reads,
             "calibrations": d.budget.calibrations,
-            "step_kinds": d.gate.shares(),  # drafting steps vs batched AR steps (the gate's choice)
+            # drafting steps vs batched AR steps, as they ran (an AR-only batch's steps are all plain)
+            "step_kinds": {kind: d.kinds_run[kind] / steps for kind in ("draft", "plain")},
             "prefill_s": d.timer.totals.get("prefill", 0.0),
             "full_batch_steps": self.full_steps,  # steps with every row decoding, and their tokens per second
             "full_batch_tokens_per_s": self.full_tokens / self.full_s if self.full_s > 0 else None,
