@@ -80,6 +80,34 @@ def test_mixed_batch_equals_each_sequence_alone(tiny_llama, batch_size, n):
     assert stream.decoder.host_reads == stream.decoder.steps  # one host read per batched step
 
 
+def test_a_job_left_in_a_high_row_moves_down_and_writes_the_same_text(tiny_llama, monkeypatch):
+    """Forwards cover rows [0, highest decoding row]: when the jobs in the low rows finish, the last one moves to
+    row 0 (its cache and penalty counts with it), so each step pays for the rows in use, and its text is unchanged."""
+    from longswift.decode.batched import BatchDecoder
+
+    covered: list[tuple[int, int]] = []  # (rows in the forward, jobs decoding)
+    verify = BatchDecoder._verify_forward
+
+    def spy(self, seqs, tries, width, rows):
+        covered.append((rows, len(seqs)))
+        return verify(self, seqs, tries, width, rows)
+
+    monkeypatch.setattr(BatchDecoder, "_verify_forward", spy)
+    engine = engine_for(tiny_llama)
+    requests = [
+        GenerationRequest("It was the best of times", 20, mode="ar", ignore_eos=True),
+        GenerationRequest("Once upon a time", 30, mode="tokenswift", speculation=SPEC, ignore_eos=True),
+        GenerationRequest("The quick brown fox", 120, sampling=PAPER, seed=5, mode="tokenswift", speculation=SPEC),
+    ]
+    requests[2] = GenerationRequest(**{**requests[2].__dict__, "ignore_eos": True})
+    stream = engine.stream_many(requests, batch_size=3)
+    list(stream)
+    assert all(rows == jobs for rows, jobs in covered)  # never a forward over an idle row
+    assert covered[-1] == (1, 1)
+    for request, got in zip(requests, stream.results):
+        assert_same(single(engine, request), got)
+
+
 def test_stops_eos_and_lengths_inside_accepted_blocks(tiny_llama):
     """Stop strings, EOS (id 0 in the tiny checkpoints) and max_new_tokens end each row where it would end alone."""
     engine = engine_for(tiny_llama)

@@ -44,6 +44,9 @@ class WindowCounts:
         ids = context if window == 0 or context.shape[0] <= window else context[-window:]
         self.counts[row].zero_().index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
 
+    def move_row(self, src: int, dst: int) -> None:
+        self.counts[dst] = self.counts[src]
+
     def update(self, entering: list[tuple[int, list[int]]], leaving: list[tuple[int, list[int]]]) -> None:
         """Ids (per row) that entered and left the windows this step: two index-adds for the whole batch."""
         width = self.vocab + 1

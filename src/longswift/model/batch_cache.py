@@ -93,6 +93,13 @@ class BatchKVCache:
             self._v[:, row, :, dst] = self._v[:, row, :, src]
         self.lengths[row] = length + n
 
+    def move_row(self, src: int, dst: int) -> None:
+        """Move row `src`'s committed keys and values to the free row `dst`; `src` is then free."""
+        n = self.lengths[src]
+        self._k[:, dst, :, :n] = self._k[:, src, :, :n]
+        self._v[:, dst, :, :n] = self._v[:, src, :, :n]
+        self.lengths[dst], self.lengths[src] = n, 0
+
     def release(self, row: int) -> None:
         """Free `row` for another sequence (storage is kept)."""
         self.lengths[row] = 0
