@@ -285,3 +285,20 @@ def test_evaluate_heads_matches_a_direct_computation(tiny_llama, text_file, tmp_
     assert len(set(got)) > 1  # heads differ from the base head after training
     with pytest.raises(ConfigError, match="held-out text has 10 tokens; one window needs 304"):
         evaluate_heads(model, heads, ids[:10], seq, windows=2)
+
+
+def test_heads_logits_of_the_first_blocks_are_the_first_rows_of_all(tiny_llama):
+    """A tree shallower than γ asks for fewer blocks: the same rows, without the LM-head matmuls of the rest."""
+    ckpt = Checkpoint.open(tiny_llama)
+    model = ckpt.load_model()
+    heads = DraftHeads.for_model(model, 3, "x")
+    with torch.no_grad():
+        for block in heads.typed_blocks():
+            block.proj.weight.normal_(0, 0.1)
+    hidden = torch.randn(2, model.cfg.hidden_size)
+    full = heads.logits(model, hidden)
+    for blocks in range(4):
+        # a matmul over fewer rows may round differently in the last bit: close, not bit-equal
+        torch.testing.assert_close(heads.logits(model, hidden, blocks=blocks), full[: blocks + 1])
+        if blocks:
+            torch.testing.assert_close(heads.logits(model, hidden, base=False, blocks=blocks), full[1 : blocks + 1])

@@ -350,7 +350,8 @@ class BatchDecoder:
         if not spec or self.heads is None:
             return []
         last_flat = last_accepted(choice, [tries[i] for i in spec], [offsets[i] for i in spec])
-        logits = self.heads.logits(self.model, nodes[last_flat], base=False)[: len(self.spec.tree)]  # (depths, S, V)
+        depths = len(self.spec.tree)
+        logits = self.heads.logits(self.model, nodes[last_flat], base=False, blocks=depths)  # (depths, S, V)
         if present is not None:  # the penalty window of the last accepted node (drafts never change the text)
             logits = penalise(logits, present[last_flat][None], table.penalty[last_flat][None])
         probs, ids = logits.softmax(-1).topk(max(self.spec.tree), dim=-1)

@@ -165,7 +165,7 @@ class PartialDrafter(_HeadsTop):
         positions = torch.arange(self.covered, context.shape[0], device=context.device)
         hidden = self.forward(new[None], positions, self.partial)[0, -1]
         self.covered = context.shape[0]
-        return self.top(self.heads.logits(self.model, hidden)[: len(self.spec.tree)], context)
+        return self.top(self.heads.logits(self.model, hidden, blocks=len(self.spec.tree) - 1), context)
 
     def ngram_key(self, root: int, draft: Draft) -> int | None:
         return keyed_on_first_draft(root, draft)
@@ -203,7 +203,7 @@ class FusedDrafter(_HeadsTop):
     def propose(self, context: Tensor, full: KVCache, log: QueryLog | None) -> Draft:
         if self.hidden is None:  # a one-token prompt: nothing was computed before the first root
             return Draft.empty()
-        logits = self.heads.logits(self.model, self.hidden, base=False)[: len(self.spec.tree)]
+        logits = self.heads.logits(self.model, self.hidden, base=False, blocks=len(self.spec.tree))
         return self.top(logits, context)
 
     def ngram_key(self, root: int, draft: Draft) -> int | None:

@@ -72,21 +72,24 @@ class DraftHeads(nn.Module):
         """The blocks, typed (a ModuleList yields plain Modules to the type checker)."""
         return cast("list[HeadBlock]", list(self.blocks))
 
-    def forward(self, hidden: Tensor) -> list[Tensor]:
-        """hidden (..., H) pre-final-norm -> γ tensors (..., H), normalised by each block's output norm."""
+    def forward(self, hidden: Tensor, blocks: int | None = None) -> list[Tensor]:
+        """hidden (..., H) pre-final-norm -> γ tensors (..., H) (the first `blocks`, if given), normalised by each
+        block's output norm."""
         outs = []
         h = hidden
-        for block in self.typed_blocks():
+        for block in self.typed_blocks()[:blocks]:
             h = h + block.proj(block.norm(h))
             outs.append(block.out_norm(h))
         return outs
 
-    def logits(self, model: Transformer, hidden: Tensor, base: bool = True) -> Tensor:
+    def logits(self, model: Transformer, hidden: Tensor, base: bool = True, blocks: int | None = None) -> Tensor:
         """hidden (..., H) -> fp32 logits (γ+1, ..., V): row 0 from the base head, row i from block i.
 
         base=False leaves out the base head's row -> (γ, ..., V), for callers that already know its choice.
+        blocks: run only the first `blocks` blocks (a tree shallower than γ reads no more rows: each row is a
+        matmul with the whole LM head, the largest cost of drafting on a CPU).
         """
-        rows = [out.to(model.dtype) for out in self(hidden.to(self.dtype))]
+        rows = [out.to(model.dtype) for out in self(hidden.to(self.dtype), blocks)]
         if base:
             rows.insert(0, model.model.norm(hidden))
         return model.lm_head(torch.stack(rows)).float()  # one LM-head matmul for all rows
