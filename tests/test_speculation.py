@@ -14,7 +14,16 @@ import pytest
 import longswift
 from longswift import SamplingConfig, SpeculationConfig
 from longswift.decode.batch_budget import BatchGate
-from longswift.decode.controller import AcceptanceStats, Controller, CostModel, StepGate, head_source, ngram_source
+from longswift.decode.controller import (
+    AcceptanceStats,
+    Controller,
+    CostModel,
+    StepGate,
+    calibration_sizes,
+    head_source,
+    ngram_source,
+    time_sizes,
+)
 from longswift.decode.ngram import HistoryLookup, NGramTable
 from longswift.decode.tokenswift import TokenSwiftDecoder
 from longswift.decode.tree import Trie
@@ -161,8 +170,8 @@ def test_hindsight_counts_only_candidates_whose_parent_was_reached():
 
 def test_controller_keeps_the_most_likely_nodes_closed_under_ancestors():
     controller = Controller(adaptive=True, max_nodes=8, time_forward=lambda n: 0.0)
-    assert controller.cost.sizes == (1, 2, 3, 4, 6, 8)
-    controller.cost.add(2000, [1.0, 1.4, 1.8, 2.2, 3.0, 3.8])  # 0.4 s per extra node
+    assert controller.cost.sizes == (1, 2, 4, 8)
+    controller.cost.add(2000, [1.0, 1.4, 2.2, 3.8])  # 0.4 s per extra node
     trie = chain_trie()
     for _ in range(50):
         controller.learn(trie, [7, 8])  # the head chain is always right, the n-grams never
@@ -281,3 +290,35 @@ def test_short_jobs_do_not_recalibrate_every_few_tokens(tiny_llama):
         PROMPT, 500, sampling=sampling, ignore_eos=True, mode="tokenswift", speculation=FUSED
     )
     assert result.stats["calibrations"] == 1  # the prompt and 500 tokens stay within 1,024 rows of the first
+
+
+def test_calibration_times_powers_of_two_once_each_and_never_lets_cost_fall_with_more_nodes():
+    assert calibration_sizes(22) == (1, 2, 4, 8, 16, 22)
+    assert calibration_sizes(1) == (1,) and calibration_sizes(2) == (1, 2)
+    timed: list[int] = []
+    noisy = {1: 1.0, 2: 3.0, 4: 1.5, 8: 2.0, 16: 4.0, 22: 3.5}  # a busy core at 2 and at 16
+
+    def time_forward(n: int) -> float:
+        timed.append(n)
+        return noisy[n]
+
+    assert time_sizes(calibration_sizes(22), time_forward) == [1.0, 1.5, 1.5, 2.0, 3.5, 3.5]
+    assert timed == [1, 2, 4, 8, 16, 22]  # one forward per size
+
+
+def test_step_gate_explores_less_often_while_exploring_finds_nothing_and_resets_when_it_does():
+    gate = StepGate(("draft", "plain"))
+    choices = []
+    for step in range(1024):
+        kind = gate.choose()
+        choices.append(kind)
+        pays = step >= 768  # drafting loses (0.8 tokens per plain step's time) until step 768, then pays 3x
+        if kind == "plain":
+            gate.record(kind, 1, 0.01)
+        else:
+            gate.record(kind, 3 if pays else 1, 0.01 if pays else 0.0125)
+    explored = [i for i in range(4, 768) if choices[i] == "draft"]
+    gaps = [b - a for a, b in zip(explored, explored[1:])]
+    assert gaps[:3] == [32, 64, 64] and set(gaps[3:]) == {StepGate.EXPLORE_AT_MOST}  # 16 -> 32 -> 64, then 64
+    assert len(explored) <= 768 // StepGate.EXPLORE_AT_MOST + 2  # was 768 / 16 = 48 with a fixed schedule
+    assert choices[-64:].count("draft") >= 60  # the first exploration after the change finds it and follows it

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .controller import OVERHEAD_DECAY, CostModel, StepGate, calibration_sizes
+from .controller import OVERHEAD_DECAY, CostModel, StepGate, calibration_sizes, time_sizes
 from .tree import Trie
 
 
@@ -50,8 +50,7 @@ class BatchBudget:
         cost = self.costs.setdefault(rows, CostModel(self.sizes))
         if not cost.due(context):
             return False
-        runs = [[self.time_forward(rows, n) for _ in range(2)] for n in self.sizes]  # the faster of two: noise
-        cost.add(context, [min(r) for r in runs])
+        cost.add(context, time_sizes(self.sizes, lambda n: self.time_forward(rows, n)))
         self.calibrations += 1
         return True
 
