@@ -14,16 +14,7 @@ import pytest
 import longswift
 from longswift import SamplingConfig, SpeculationConfig
 from longswift.decode.batch_budget import BatchGate
-from longswift.decode.controller import (
-    AcceptanceStats,
-    Controller,
-    CostModel,
-    StepGate,
-    calibration_sizes,
-    head_source,
-    ngram_source,
-    time_sizes,
-)
+from longswift.decode.controller import AcceptanceStats, Controller, StepGate, head_source, ngram_source
 from longswift.decode.ngram import HistoryLookup, NGramTable
 from longswift.decode.tokenswift import TokenSwiftDecoder
 from longswift.decode.tree import Trie
@@ -180,18 +171,6 @@ def test_controller_keeps_the_most_likely_nodes_closed_under_ancestors():
     assert choice.expected_tokens == pytest.approx(1 + 0.99 + 0.99**2, abs=0.05)
 
 
-def test_cost_model_interpolates_in_nodes_and_extrapolates_in_context():
-    cost = CostModel(sizes=(1, 2, 4))
-    assert cost.due(100)
-    cost.add(1000, [1.0, 2.0, 4.0])
-    assert cost.predict(3, 1000) == pytest.approx(3.0)
-    assert cost.predict(8, 1000) == pytest.approx(8.0)  # linear beyond the last size
-    assert not cost.due(1400) and not cost.due(1500) and cost.due(2024)  # x1.5 and +1024 rows
-    cost.add(2000, [2.0, 4.0, 8.0])
-    assert cost.predict(1, 3000) == pytest.approx(3.0)  # linear growth with the context
-    assert cost.predict(2, 1500) == pytest.approx(3.0)
-
-
 def test_step_gate_follows_the_fastest_kind_and_keeps_exploring():
     gate = StepGate(("draft", "cheap", "plain"))
     tokens = {"draft": 3, "cheap": 2, "plain": 1}  # per step, all taking the same time: drafting pays
@@ -290,20 +269,6 @@ def test_short_jobs_do_not_recalibrate_every_few_tokens(tiny_llama):
         PROMPT, 500, sampling=sampling, ignore_eos=True, mode="tokenswift", speculation=FUSED
     )
     assert result.stats["calibrations"] == 1  # the prompt and 500 tokens stay within 1,024 rows of the first
-
-
-def test_calibration_times_powers_of_two_once_each_and_never_lets_cost_fall_with_more_nodes():
-    assert calibration_sizes(22) == (1, 2, 4, 8, 16, 22)
-    assert calibration_sizes(1) == (1,) and calibration_sizes(2) == (1, 2)
-    timed: list[int] = []
-    noisy = {1: 1.0, 2: 3.0, 4: 1.5, 8: 2.0, 16: 4.0, 22: 3.5}  # a busy core at 2 and at 16
-
-    def time_forward(n: int) -> float:
-        timed.append(n)
-        return noisy[n]
-
-    assert time_sizes(calibration_sizes(22), time_forward) == [1.0, 1.5, 1.5, 2.0, 3.5, 3.5]
-    assert timed == [1, 2, 4, 8, 16, 22]  # one forward per size
 
 
 def test_step_gate_explores_less_often_while_exploring_finds_nothing_and_resets_when_it_does():

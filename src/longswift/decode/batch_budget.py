@@ -15,7 +15,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .controller import OVERHEAD_DECAY, CostModel, StepGate, calibration_sizes, time_sizes
+from .calibration import Calibration
+from .controller import OVERHEAD_DECAY, StepGate
 from .tree import Trie
 
 
@@ -37,22 +38,29 @@ class BatchBudget:
         self.adaptive = adaptive
         self.max_nodes = max_nodes
         self.time_forward = time_forward
-        self.sizes = calibration_sizes(max_nodes)
-        self.costs: dict[int, CostModel] = {}  # per number of rows in the forward
+        self.costs: dict[int, Calibration] = {}  # per number of rows in the forward
         self.overhead = 0.0
-        self.calibrations = 0
         self._overhead_seen = False
 
     def calibrate_if_due(self, rows: int, context: int) -> bool:
-        """Time forwards of every calibration width for `rows` rows when the context has grown; True if it did."""
-        if not self.adaptive:
-            return False
-        cost = self.costs.setdefault(rows, CostModel(self.sizes))
-        if not cost.due(context):
-            return False
-        cost.add(context, time_sizes(self.sizes, lambda n: self.time_forward(rows, n)))
-        self.calibrations += 1
-        return True
+        """Begin a calibration of the widths for `rows` rows when the context has grown (`Calibration`: widths
+        are timed as the choices need them); True if it did."""
+        return self.adaptive and self._calibration(rows).start_if_due(context)
+
+    @property
+    def calibrations(self) -> int:
+        return sum(c.calibrations for c in self.costs.values())
+
+    @property
+    def calibrate_s(self) -> float:
+        """Wall time of every timed forward so far."""
+        return sum(c.seconds for c in self.costs.values())
+
+    def _calibration(self, rows: int) -> Calibration:
+        found = self.costs.get(rows)
+        if found is None:
+            found = self.costs[rows] = Calibration(self.max_nodes, lambda n: self.time_forward(rows, n))
+        return found
 
     def select(self, tries: Sequence[Trie], reaches: Sequence[Sequence[float]], rows: int, context: int) -> BatchChoice:
         """The sub-tries to verify; `reaches[i][v]`: P(the walk accepts node v of tries[i]) (1 for the root)."""
@@ -63,7 +71,10 @@ class BatchBudget:
             expected = sum(1 + sum(p[v] for v in k) for k, p in zip(kept, reaches))
             return BatchChoice(_subtries(tries, kept), widest, expected, math.nan)
         best_t, best_rate, best_expected = 1, -1.0, float(len(tries))
+        calibration, most = self._calibration(rows), sum(sum(p) for p in reaches)
         for t in range(1, widest + 1):
+            if not calibration.ready(t, most, self.overhead, best_rate, context):
+                break  # no wider step can beat the best rate: its cost need not be timed
             expected = sum(1 + sum(p[v] for v in order[: t - 1]) for order, p in zip(orders, reaches))
             rate = expected / self._step_cost(rows, t, context)
             if rate > best_rate:
@@ -81,8 +92,8 @@ class BatchBudget:
             self.overhead = OVERHEAD_DECAY * self.overhead + (1 - OVERHEAD_DECAY) * rest
 
     def _forward_cost(self, rows: int, width: int, context: int) -> float:
-        cost = self.costs.get(rows)
-        return cost.predict(width, context) if cost is not None else float(width)
+        found = self.costs.get(rows)
+        return found.cost.predict(width, context) if found is not None else float(width)
 
     def _step_cost(self, rows: int, width: int, context: int) -> float:
         return self.overhead + self._forward_cost(rows, width, context)

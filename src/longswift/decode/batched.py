@@ -211,11 +211,15 @@ class BatchDecoder:
         self._joined = False
         t0 = self.timer.now()
         tries = [self._candidates(s) if speculative else Trie.rooted(s.context.last) for s in seqs]
+        timed_before = self.budget.calibrate_s
         if speculative:
             reaches = [reach(s.acceptance, tr) for s, tr in zip(seqs, tries)]
             choice = self.budget.select(tries, reaches, priced, context)
         else:
             choice = BatchChoice(tries, 1, float(len(tries)), math.nan)
+        timing = self.budget.calibrate_s - timed_before  # widths the choice had timed: calibration, not this step
+        self.timer.totals["calibrate"] = self.timer.totals.get("calibrate", 0.0) + timing
+        t0 += timing
         hidden = self._verify_forward(seqs, choice.tries, choice.width, rows)
         t1 = self.timer.add("verify", t0)
         self._kind = self.gate.choose(len(seqs))  # the next step's kind: drafts are computed for drafting only

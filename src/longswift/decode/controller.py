@@ -21,15 +21,14 @@ import bisect
 import math
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from .calibration import Calibration
 from .tree import Trie
 
 CONFIDENCE_EDGES = (0.05, 0.2, 0.4, 0.6, 0.8, 0.95)  # bins of a source's own confidence (probability or share)
 PRIOR_STRENGTH = 2.0  # pseudo-observations behind a source's prior acceptance rate
 DEFAULT_RATE = 0.3  # prior acceptance rate of a source that states no confidence
-RECALIBRATE_GROWTH = 1.5  # re-time forwards when the context has grown by this factor ...
-RECALIBRATE_MIN_ROWS = 1024  # ... and by at least this many rows (short jobs would otherwise calibrate often)
 FORGET_AFTER = 512.0  # a source's counts are halved past this many offers, so a change in the text shows quickly
 OVERHEAD_DECAY = 0.9  # exponential moving average of the measured per-step overhead
 
@@ -148,81 +147,6 @@ def _prior(source: Hashable) -> float:
     return DEFAULT_RATE
 
 
-@dataclass
-class CostModel:
-    """Seconds of one verification forward with n nodes at context length T, from timed forwards.
-
-    Each calibration times forwards of `sizes` nodes at one context length; predictions interpolate linearly in n
-    and, once two calibrations exist, extrapolate linearly in T from the last two (attention cost grows with T).
-    """
-
-    sizes: tuple[int, ...]
-    points: list[tuple[int, list[float]]] = field(default_factory=list)  # (context length, seconds per size)
-
-    def add(self, context: int, seconds: Sequence[float]) -> None:
-        self.points.append((context, list(seconds)))
-        del self.points[:-2]
-
-    def due(self, context: int) -> bool:
-        """Whether the context has grown enough since the last calibration for costs to have changed."""
-        if not self.points:
-            return True
-        last = self.points[-1][0]
-        return context >= max(last * RECALIBRATE_GROWTH, last + RECALIBRATE_MIN_ROWS)
-
-    def predict(self, n: int, context: int) -> float:
-        if not self.points:
-            return float(n)  # uncalibrated: every node costs the same
-        (t1, c1) = self.points[-1]
-        now = _interpolate(self.sizes, c1, n)
-        if len(self.points) == 1 or context == t1:
-            return now
-        (t0, c0) = self.points[0]
-        before = _interpolate(self.sizes, c0, n)
-        slope = (now - before) / (t1 - t0) if t1 != t0 else 0.0
-        return max(now + slope * (context - t1), 0.25 * now)
-
-
-def _interpolate(xs: Sequence[int], ys: Sequence[float], x: int) -> float:
-    """Piecewise-linear y(x) through (xs, ys), xs ascending; linear extrapolation beyond the last two points."""
-    i = bisect.bisect_left(xs, x)
-    if i < len(xs) and xs[i] == x:
-        return ys[i]
-    if i == 0:
-        return ys[0]
-    if i == len(xs):
-        i -= 1
-        if i == 0:
-            return ys[0] * x / xs[0]
-    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-
-
-def calibration_sizes(max_nodes: int) -> tuple[int, ...]:
-    """Node counts worth timing: 1, 2, 4, 8, ... below `max_nodes`, and `max_nodes` itself.
-
-    Cost grows smoothly in n, so powers of two interpolate well; measured on the embedded model (256-token
-    context), 9 sizes timed twice each cost 3% of a sampled 1K-token run that could not gain from speculating.
-    """
-    sizes, x = {1}, 2
-    while x < max_nodes:
-        sizes.add(x)
-        x *= 2
-    return tuple(sorted(sizes | {max_nodes}))
-
-
-def time_sizes(sizes: Sequence[int], time_forward: Callable[[int], float]) -> list[float]:
-    """Seconds of one forward per size, each timed once, then made non-decreasing in n (right to left).
-
-    A forward of more nodes never costs less; a single timing that says otherwise is noise (a busy core), and
-    taking the smaller keeps a spike at a small size from making speculation look cheaper than it is.
-    """
-    seconds = [time_forward(n) for n in sizes]
-    for i in range(len(seconds) - 2, -1, -1):
-        seconds[i] = min(seconds[i], seconds[i + 1])
-    return seconds
-
-
 STEP_KINDS = ("draft", "cheap", "plain")
 
 
@@ -324,11 +248,10 @@ class Controller:
 
     def __init__(self, adaptive: bool, max_nodes: int, time_forward: Callable[[int], float]) -> None:
         self.adaptive = adaptive
-        self.cost = CostModel(calibration_sizes(max_nodes))
+        self.calibration = Calibration(max_nodes, time_forward)  # time_forward(n): one forward of n nodes, now
+        self.cost = self.calibration.cost
         self.acceptance = AcceptanceStats()
-        self.time_forward = time_forward  # seconds of one forward of n nodes at the current context
         self.overhead = 0.0  # per-step seconds outside the verification forward (EMA)
-        self.calibrations = 0
         self._overhead_seen = False
 
     def select(self, trie: Trie, context: int) -> Selection:
@@ -338,9 +261,11 @@ class Controller:
             return Selection(trie, sum(p), math.nan)
         order = sorted(range(1, len(trie)), key=lambda v: (-p[v], v))
         best_k, best_rate, expected = 0, 1.0 / self.step_cost(1, context), 1.0
-        total = 1.0
+        total, most = 1.0, sum(p)
         for k, v in enumerate(order, start=1):
             total += p[v]
+            if not self.calibration.ready(k + 1, most, self.overhead, best_rate, context):
+                break  # no larger sub-trie can beat the best rate: its cost need not be timed
             rate = total / self.step_cost(k + 1, context)
             if rate > best_rate:
                 best_k, best_rate, expected = k, rate, total
@@ -348,12 +273,12 @@ class Controller:
         return Selection(chosen, expected, self.step_cost(best_k + 1, context))
 
     def calibrate_if_due(self, context: int) -> bool:
-        """Time forwards of each calibration size when the context has grown enough; True if it did."""
-        if not self.adaptive or not self.cost.due(context):
-            return False
-        self.cost.add(context, time_sizes(self.cost.sizes, self.time_forward))
-        self.calibrations += 1
-        return True
+        """Begin a calibration when the context has grown enough (`Calibration`); True if it did."""
+        return self.adaptive and self.calibration.start_if_due(context)
+
+    @property
+    def calibrations(self) -> int:
+        return self.calibration.calibrations
 
     def learn(self, trie: Trie, continuation: Sequence[int]) -> None:
         """Hindsight for one step's candidates: `continuation` = the decided tokens after its root."""

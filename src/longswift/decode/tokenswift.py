@@ -119,8 +119,11 @@ class TokenSwiftDecoder:
         draft = self.drafter.propose(self.context.ids(), self.cache, self.log) if kind == "draft" else Draft.empty()
         t1 = self.timer.add("draft", t0)
         candidates = self._candidates(draft)
+        timed_before = self.controller.calibration.seconds
         choice = self.controller.select(candidates, self.cache.length)
-        t2 = self.timer.add("bookkeeping", t1)
+        timing = self.controller.calibration.seconds - timed_before  # forwards the choice had timed: calibration
+        self.timer.totals["calibrate"] = self.timer.totals.get("calibrate", 0.0) + timing
+        t2 = self.timer.add("bookkeeping", t1 + timing)
         trie = choice.trie
         hidden = self._verify_forward(trie)
         logits = NodeLogits(self.model, hidden)
@@ -133,11 +136,11 @@ class TokenSwiftDecoder:
         self.ngrams.add(result.tokens)
         self.hindsight.catch_up(self.context.host)
         self.counts.record(trie, result.nodes)
-        t4 = self.timer.add("bookkeeping", t3)
-        self.controller.measured(len(trie), self.cache.length, t4 - t0)  # the overhead of steps with candidates
-        self.gate.record(kind, len(result.tokens), t4 - t0)
+        step_s = self.timer.add("bookkeeping", t3) - t0 - timing
+        self.controller.measured(len(trie), self.cache.length, step_s)  # the overhead of steps with candidates
+        self.gate.record(kind, len(result.tokens), step_s)
         self.predicted_s += choice.predicted_s
-        self.measured_s += t4 - t0
+        self.measured_s += step_s
         return result.tokens
 
     def _plain_step(self, t0: float) -> list[int]:
