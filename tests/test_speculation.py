@@ -15,6 +15,7 @@ import longswift
 from longswift import SamplingConfig, SpeculationConfig
 from longswift.decode.batch_budget import BatchGate
 from longswift.decode.controller import AcceptanceStats, Controller, StepGate, head_source, ngram_source
+from longswift.decode.drafting import FusedDrafter
 from longswift.decode.ngram import HistoryLookup, NGramTable
 from longswift.decode.tokenswift import TokenSwiftDecoder
 from longswift.decode.tree import Trie
@@ -118,6 +119,26 @@ def test_expensive_nodes_make_every_step_a_root_alone_step(monkeypatch, tiny_lla
     assert tuple(result.token_ids) == ar_ids(tiny_llama, 1.3, 300)
     assert result.stats["verified_nodes"] == {"1": 300} and result.stats["root_only_share"] == 1.0
     assert result.stats["mean_accepted"] == 1.0
+
+
+def test_plain_steps_are_ar_steps_without_drafting_or_choosing(monkeypatch, tiny_llama):
+    """The gate's plain step (one forward, one choice) emits AR's tokens, greedy and seeded, and never drafts."""
+    monkeypatch.setattr(StepGate, "_choice", lambda self: "plain")
+
+    def no_drafting(*args, **kwargs):
+        raise AssertionError("a plain step drafted or chose candidates")
+
+    monkeypatch.setattr(FusedDrafter, "propose", no_drafting)
+    monkeypatch.setattr(Controller, "select", no_drafting)
+    engine = engine_for(tiny_llama)
+    greedy = SamplingConfig(repetition_penalty=1.3, penalty_window=64)
+    result = engine.generate(PROMPT, 300, sampling=greedy, ignore_eos=True, mode="tokenswift", speculation=FUSED)
+    assert tuple(result.token_ids) == ar_ids(tiny_llama, 1.3, 300)
+    assert result.stats["verified_nodes"] == {"1": 300} and result.stats["drafted_share"] == 0.0
+    seeded = engine.generate(
+        PROMPT, 300, sampling=LOCKSTEP, seed=3, ignore_eos=True, mode="tokenswift", speculation=FUSED
+    )
+    assert tuple(seeded.token_ids) == seeded_ar_ids(tiny_llama, 3)
 
 
 def test_free_nodes_verify_every_candidate(monkeypatch, tiny_llama):
