@@ -16,7 +16,6 @@ exact for the monotone cost model, so the choices are those a full calibration w
 from __future__ import annotations
 
 import bisect
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -116,8 +115,11 @@ def _interpolate(xs: Sequence[int], ys: Sequence[float], x: int) -> float:
 class Calibration:
     """A `CostModel` and the forward it times, one size at a time as a controller's choices need it.
 
-    `seconds` is the wall time of all timed forwards so far: the decoders count it as calibration, not as the
-    step that needed it (the step gate and the per-step overhead must not see it).
+    `seconds` is the time of all timed forwards so far, as `time_forward` measured them: the decoders count it
+    as calibration, not as the step that needed it (the step gate and the per-step overhead must not see it).
+    It is the decoder's own clock, never this module's: under tensor parallelism that clock is the group lead's
+    (`parallel.SharedTimer`), and every rank must subtract the same seconds to keep making the same choices (a
+    rank-local clock here made the ranks' gates diverge and their collectives wait on each other forever).
     """
 
     def __init__(self, max_nodes: int, time_forward: Callable[[int], float]) -> None:
@@ -155,7 +157,7 @@ class Calibration:
         return True
 
     def _time_next(self) -> None:
-        t0 = time.perf_counter()
-        self.cost.extend(self.time_forward(self.cost.sizes[self.cost.timed]))
-        self.seconds += time.perf_counter() - t0
+        seconds = self.time_forward(self.cost.sizes[self.cost.timed])
+        self.cost.extend(seconds)
+        self.seconds += seconds
         self.forwards += 1
