@@ -8,6 +8,7 @@ free -> every candidate).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import pytest
 
@@ -192,14 +193,20 @@ def test_controller_keeps_the_most_likely_nodes_closed_under_ancestors():
     assert choice.expected_tokens == pytest.approx(1 + 0.99 + 0.99**2, abs=0.05)
 
 
+def drive_gate(gate: StepGate, steps: int, outcome: Callable[[int, str], tuple[int, float]]) -> list[str]:
+    """Run `gate` for `steps` steps; `outcome(step, kind)` -> (tokens, seconds) the chosen kind gave. -> choices."""
+    choices = []
+    for step in range(steps):
+        kind = gate.choose()
+        choices.append(kind)
+        gate.record(kind, *outcome(step, kind))
+    return choices
+
+
 def test_step_gate_follows_the_fastest_kind_and_keeps_exploring():
     gate = StepGate(("draft", "cheap", "plain"))
     tokens = {"draft": 3, "cheap": 2, "plain": 1}  # per step, all taking the same time: drafting pays
-    choices = []
-    for _ in range(96):
-        kind = gate.choose()
-        choices.append(kind)
-        gate.record(kind, tokens[kind], 0.01)
+    choices = drive_gate(gate, 96, lambda step, kind: (tokens[kind], 0.01))
     assert sorted(choices[:6]) == sorted(["draft", "cheap", "plain"] * 2)  # every kind measured first
     later = choices[6:]
     assert later.count("draft") >= 84 and {"cheap", "plain"} <= set(later)  # mostly drafts, still explores
@@ -211,15 +218,12 @@ def test_step_gate_notices_a_kind_that_became_faster_within_a_few_explorations()
     # Drafting starts slow (nothing learned yet), then pays 3x: with only one exploring step in 16, a plain
     # exponential average would keep the two slow samples for hundreds of steps; the mean of the first samples
     # follows the new rate after a few explorations.
-    gate = StepGate(("draft", "plain"))
-    choices = []
-    for step in range(320):
-        kind = gate.choose()
-        choices.append(kind)
+    def outcome(step: int, kind: str) -> tuple[int, float]:
         if kind == "plain":
-            gate.record(kind, 1, 0.01)  # 100 tokens/s
-        else:  # 33 tokens/s in the first two drafting steps, 300 afterwards
-            gate.record(kind, *((1, 0.03) if step < 4 else (3, 0.01)))
+            return 1, 0.01  # 100 tokens/s
+        return (1, 0.03) if step < 4 else (3, 0.01)  # 33 tokens/s in the first two drafting steps, 300 afterwards
+
+    choices = drive_gate(StepGate(("draft", "plain")), 320, outcome)
     first_draft_run = next(i for i in range(4, 320) if choices[i : i + 8] == ["draft"] * 8)
     assert first_draft_run <= 4 + 4 * StepGate.EXPLORE_EVERY  # an exponential average alone: ~14 explorations
     assert choices[-16:].count("draft") >= 15
@@ -293,16 +297,13 @@ def test_short_jobs_do_not_recalibrate_every_few_tokens(tiny_llama):
 
 
 def test_step_gate_explores_less_often_while_exploring_finds_nothing_and_resets_when_it_does():
-    gate = StepGate(("draft", "plain"))
-    choices = []
-    for step in range(1024):
-        kind = gate.choose()
-        choices.append(kind)
-        pays = step >= 768  # drafting loses (0.8 tokens per plain step's time) until step 768, then pays 3x
+    def outcome(step: int, kind: str) -> tuple[int, float]:
         if kind == "plain":
-            gate.record(kind, 1, 0.01)
-        else:
-            gate.record(kind, 3 if pays else 1, 0.01 if pays else 0.0125)
+            return 1, 0.01
+        # drafting loses (0.8 tokens per plain step's time) until step 768, then pays 3x
+        return (3, 0.01) if step >= 768 else (1, 0.0125)
+
+    choices = drive_gate(StepGate(("draft", "plain")), 1024, outcome)
     explored = [i for i in range(4, 768) if choices[i] == "draft"]
     gaps = [b - a for a, b in zip(explored, explored[1:])]
     assert gaps[:3] == [32, 64, 64] and set(gaps[3:]) == {StepGate.EXPLORE_AT_MOST}  # 16 -> 32 -> 64, then 64
