@@ -355,7 +355,9 @@ class BatchDecoder:
             return []
         last_flat = last_accepted(choice, [tries[i] for i in spec], [offsets[i] for i in spec])
         depths = len(self.spec.tree)
-        logits = self.heads.logits(self.model, nodes[last_flat], base=False, blocks=depths)  # (depths, S, V)
+        # choice[last_flat]: each row's next root (its target's choice at the last accepted node), for conditioned heads
+        following = choice[last_flat]
+        logits = self.heads.logits(self.model, nodes[last_flat], base=False, blocks=depths, following=following)
         if present is not None:  # the penalty window of the last accepted node (drafts never change the text)
             logits = penalise(logits, present[last_flat][None], table.penalty[last_flat][None])
         probs, ids = logits.softmax(-1).topk(max(self.spec.tree), dim=-1)

@@ -9,7 +9,8 @@ they differ in which hidden state:
 - `FusedDrafter` (`draft="fused"`): no forward of its own. After a verification walk the hidden state of the last
   accepted node has already been computed over the *full* cache, and the target's choice there (the next root) is
   known exactly; heads 1..γ, run on that state, propose levels 1..γ below that root. One forward per step instead
-  of two, at the price of every level predicting one token further ahead than in the paper's mode.
+  of two, at the price of every level predicting one token further ahead than in the paper's mode. Conditioned
+  heads (heads.py) win most of that back: block 1 also reads the root itself.
 
 Drafts only decide what is verified, never what is emitted (verify.py), so both are lossless by construction.
 """
@@ -165,7 +166,16 @@ class PartialDrafter(_HeadsTop):
         positions = torch.arange(self.covered, context.shape[0], device=context.device)
         hidden = self.forward(new[None], positions, self.partial)[0, -1]
         self.covered = context.shape[0]
-        return self.top(self.heads.logits(self.model, hidden, blocks=len(self.spec.tree) - 1), context)
+        blocks = len(self.spec.tree) - 1
+        if not self.heads.conditioned or blocks == 0:
+            return self.top(self.heads.logits(self.model, hidden, blocks=blocks), context)
+        # Conditioned heads read the token level 1 holds: here it is a draft too (the base head's penalised best),
+        # so block 1 is conditioned on that guess, and the base row is computed first.
+        base = self.model.logits(hidden)[None]
+        first = self.top(base, context).tokens[0][0]
+        following = torch.tensor(first, device=hidden.device)
+        rows = self.heads.logits(self.model, hidden, base=False, blocks=blocks, following=following)
+        return self.top(torch.cat([base, rows]), context)
 
     def ngram_key(self, root: int, draft: Draft) -> int | None:
         return keyed_on_first_draft(root, draft)
@@ -203,7 +213,10 @@ class FusedDrafter(_HeadsTop):
     def propose(self, context: Tensor, full: KVCache, log: QueryLog | None) -> Draft:
         if self.hidden is None:  # a one-token prompt: nothing was computed before the first root
             return Draft.empty()
-        logits = self.heads.logits(self.model, self.hidden, base=False, blocks=len(self.spec.tree))
+        # context[-1] is the root, the target's choice at the hidden state's node: conditioned heads read it.
+        logits = self.heads.logits(
+            self.model, self.hidden, base=False, blocks=len(self.spec.tree), following=context[-1]
+        )
         return self.top(logits, context)
 
     def ngram_key(self, root: int, draft: Draft) -> int | None:

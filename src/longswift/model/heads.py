@@ -4,6 +4,13 @@ Block i computes h_i = h_{i-1} + W_i · RMSNorm_i(h_{i-1}) (no bias), starting f
 output *before* the final norm, and predicts token t+1+i through its own output RMSNorm and the base LM head.
 One forward of the base model therefore yields γ+1 next-token distributions (base head + γ blocks).
 
+Conditioned heads (`HeadsMeta.conditioned`, `train-heads --conditioned`) add to block 1 the term
+U · RMSNorm(E[x_{t+1}]): the embedding of the token the base head's position is followed by. When drafting, that
+token is the next root, which the verification has already decided, so block 1 no longer guesses token t+2
+without knowing token t+1. Under sampling that guess is the plain heads' main loss (t+1 is a random draw): on the
+embedded model the same training made block 1 match the model's own greedy choice 48% of the time against 26%
+for a plain block (BENCHMARKS.md, "Conditioned heads"). The cost is one embedding row and a H x H matmul.
+
 Heads are saved as one small safetensors file whose header metadata carries a JSON description (γ, sizes and the
 base model's fingerprint); loading them onto another model is refused.
 """
@@ -35,14 +42,17 @@ class HeadsMeta:
     fingerprint: str
     rms_norm_eps: float = 1e-6
     format: str = FORMAT
+    conditioned: bool = False  # block 1 also reads the embedding of the token its position is followed by
 
 
 class HeadBlock(nn.Module):
-    def __init__(self, hidden: int, eps: float) -> None:
+    def __init__(self, hidden: int, eps: float, conditioned: bool = False) -> None:
         super().__init__()
         self.norm = RMSNorm(hidden, eps)
         self.proj = nn.Linear(hidden, hidden, bias=False)
         self.out_norm = RMSNorm(hidden, eps)
+        self.token_norm: RMSNorm | None = RMSNorm(hidden, eps) if conditioned else None
+        self.token_proj: nn.Linear | None = nn.Linear(hidden, hidden, bias=False) if conditioned else None
 
 
 class DraftHeads(nn.Module):
@@ -51,45 +61,70 @@ class DraftHeads(nn.Module):
     def __init__(self, meta: HeadsMeta) -> None:
         super().__init__()
         self.meta = meta
-        self.blocks = nn.ModuleList(HeadBlock(meta.hidden_size, meta.rms_norm_eps) for _ in range(meta.gamma))
+        self.blocks = nn.ModuleList(
+            HeadBlock(meta.hidden_size, meta.rms_norm_eps, conditioned=meta.conditioned and i == 0)
+            for i in range(meta.gamma)
+        )
 
     @classmethod
-    def for_model(cls, model: Transformer, gamma: int, fingerprint: str) -> DraftHeads:
+    def for_model(cls, model: Transformer, gamma: int, fingerprint: str, conditioned: bool = False) -> DraftHeads:
         """Fresh heads that start out predicting what the base head predicts (zero residual, copied final norm).
 
         That is a far better starting point than random: training only has to learn the shift to token t+1+i.
         """
         cfg = model.cfg
-        heads = cls(HeadsMeta(gamma, cfg.hidden_size, cfg.vocab_size, fingerprint, cfg.rms_norm_eps))
+        heads = cls(
+            HeadsMeta(gamma, cfg.hidden_size, cfg.vocab_size, fingerprint, cfg.rms_norm_eps, conditioned=conditioned)
+        )
         heads.to(device=model.device, dtype=torch.float32)
         with torch.no_grad():
             for block in heads.typed_blocks():
                 block.proj.weight.zero_()
                 block.out_norm.weight.copy_(model.model.norm.weight.float())
+                if block.token_proj is not None:
+                    block.token_proj.weight.zero_()
         return heads
 
     def typed_blocks(self) -> list[HeadBlock]:
         """The blocks, typed (a ModuleList yields plain Modules to the type checker)."""
         return cast("list[HeadBlock]", list(self.blocks))
 
-    def forward(self, hidden: Tensor, blocks: int | None = None) -> list[Tensor]:
+    @property
+    def conditioned(self) -> bool:
+        return self.meta.conditioned
+
+    def forward(self, hidden: Tensor, blocks: int | None = None, following: Tensor | None = None) -> list[Tensor]:
         """hidden (..., H) pre-final-norm -> γ tensors (..., H) (the first `blocks`, if given), normalised by each
-        block's output norm."""
+        block's output norm. `following` (..., H): the embedding of the token each position is followed by (the
+        next root when drafting); conditioned heads need it, plain heads ignore it."""
         outs = []
         h = hidden
         for block in self.typed_blocks()[:blocks]:
             h = h + block.proj(block.norm(h))
+            if block.token_proj is not None and block.token_norm is not None:
+                if following is None:
+                    raise ValueError("conditioned heads need the embedding of the token each position is followed by")
+                h = h + block.token_proj(block.token_norm(following.to(h.dtype)))
             outs.append(block.out_norm(h))
         return outs
 
-    def logits(self, model: Transformer, hidden: Tensor, base: bool = True, blocks: int | None = None) -> Tensor:
+    def logits(
+        self,
+        model: Transformer,
+        hidden: Tensor,
+        base: bool = True,
+        blocks: int | None = None,
+        following: Tensor | None = None,
+    ) -> Tensor:
         """hidden (..., H) -> fp32 logits (γ+1, ..., V): row 0 from the base head, row i from block i.
 
         base=False leaves out the base head's row -> (γ, ..., V), for callers that already know its choice.
         blocks: run only the first `blocks` blocks (a tree shallower than γ reads no more rows: each row is a
-        matmul with the whole LM head, the largest cost of drafting on a CPU).
+        matmul with the whole LM head, the largest cost of drafting on a CPU). following (...,) token ids: the
+        token each position is followed by (the root), read by conditioned heads only.
         """
-        rows = [out.to(model.dtype) for out in self(hidden.to(self.dtype), blocks)]
+        embedded = model.model.embed_tokens(following) if self.conditioned and following is not None else None
+        rows = [out.to(model.dtype) for out in self(hidden.to(self.dtype), blocks, embedded)]
         if base:
             rows.insert(0, model.model.norm(hidden))
         return model.lm_head(torch.stack(rows)).float()  # one LM-head matmul for all rows
@@ -125,7 +160,8 @@ class DraftHeads(nn.Module):
         try:
             heads.load_state_dict(state)
         except RuntimeError:
-            raise HeadsError(f"heads file {path} does not match its own description (γ={meta.gamma})") from None
+            kind = "conditioned " if meta.conditioned else ""
+            raise HeadsError(f"heads file {path} does not match its own description ({kind}γ={meta.gamma})") from None
         return heads.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 

@@ -172,6 +172,11 @@ def write_released(model_dir: str | Path, heads_file: str | Path, out_dir: str |
     if embedded_block_count(checkpoint):
         raise HeadsError(f"{checkpoint.path} already holds draft blocks; start from the base model directory")
     heads = DraftHeads.load(heads_file, checkpoint.fingerprint())
+    if heads.meta.conditioned:
+        raise HeadsError(
+            f"heads {heads_file} are conditioned on the root token, which the released format has no place for; "
+            "export plain heads (train-heads without --conditioned)"
+        )
     if heads.meta.rms_norm_eps != checkpoint.config.rms_norm_eps:
         raise HeadsError(
             f"heads {heads_file} use RMSNorm eps {heads.meta.rms_norm_eps}, the model "

@@ -45,7 +45,15 @@ from ..model.cache import KVCache, NoCache
 from ..model.checkpoint import DTYPES, Checkpoint
 from ..model.heads import DraftHeads
 from ..model.transformer import Transformer
-from .loop import TrainConfig, TrainReport, _autocast, _check_model_fits, _targets, train_on_stream
+from .loop import (
+    TrainConfig,
+    TrainReport,
+    _autocast,
+    _check_model_fits,
+    _targets,
+    following_embedding,
+    train_on_stream,
+)
 from .state import StepStats
 
 CORPUS_FORMAT = "longswift-distill-corpus/1"
@@ -324,7 +332,9 @@ def soft_head_loss(model: Transformer, heads: DraftHeads, windows: Tensor, cfg: 
         with torch.no_grad():
             hidden = model(windows[:, : t + gamma], positions, NoCache()).float()
             target = model.logits(hidden.to(model.dtype))  # (B, T+γ, V) fp32
-        logits = torch.stack([model.lm_head(out.to(model.dtype)) for out in heads(hidden[:, :t])]).float()
+        following = following_embedding(model, heads, windows, t)
+        logits = torch.stack([model.lm_head(out.to(model.dtype)) for out in heads(hidden[:, :t], None, following)])
+        logits = logits.float()
     correct = (logits.detach().argmax(-1) == _targets(windows, t, 1, gamma)).flatten(1).float().mean(1)
     return soft_target_kl(logits, target).sum(), correct
 

@@ -62,6 +62,7 @@ class TrainConfig:
     # emulates bf16 matmuls. None: autocast where the device computes bf16 natively (`native_bf16`).
     autocast: bool | None = None
     resume: bool = False  # continue from <out>.state instead of starting over
+    conditioned: bool = False  # head 1 also reads the token after its position (heads.py: conditioned heads)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", Path(self.model))
@@ -160,6 +161,15 @@ def _targets(windows: Tensor, seq_len: int, first: int, count: int) -> Tensor:
     return torch.stack([windows[:, 1 + i : 1 + i + seq_len] for i in range(first, first + count)])
 
 
+def following_embedding(model: Transformer, heads: DraftHeads, windows: Tensor, t: int) -> Tensor | None:
+    """The embedding of the token after each of the first t positions (windows (B, >t)), for conditioned heads;
+    None for plain ones. When drafting that token is the root, already decided, so training may read it."""
+    if not heads.conditioned:
+        return None
+    with torch.no_grad():
+        return model.model.embed_tokens(windows[:, 1 : t + 1]).float()
+
+
 def _head_loss(model: Transformer, heads: DraftHeads, windows: Tensor, cfg: TrainConfig) -> tuple[Tensor, Tensor]:
     """windows (B, seq_len+γ+1) -> (loss: summed per-head mean cross-entropy, correct fraction per head (γ,)).
 
@@ -170,8 +180,9 @@ def _head_loss(model: Transformer, heads: DraftHeads, windows: Tensor, cfg: Trai
     with _autocast(cfg):
         with torch.no_grad():
             hidden = model(windows[:, :t], torch.arange(t, device=windows.device), NoCache()).float()
-        logits = torch.stack([model.lm_head(out.to(model.dtype)) for out in heads(hidden)]).float()  # (γ,B,T,V)
-    targets = _targets(windows, t, 1, cfg.gamma)
+        following = following_embedding(model, heads, windows, t)
+        logits = torch.stack([model.lm_head(out.to(model.dtype)) for out in heads(hidden, None, following)]).float()
+    targets = _targets(windows, t, 1, cfg.gamma)  # logits: (γ, B, T, V)
     per_head = F.cross_entropy(logits.flatten(0, 2), targets.flatten(), reduction="none").view(cfg.gamma, -1)
     correct = (logits.detach().argmax(-1) == targets).flatten(1).float().mean(1)
     return per_head.mean(1).sum(), correct
@@ -250,7 +261,7 @@ def train_on_stream(
             f"+ gamma {cfg.gamma} + 1 = {cfg.window:,}"
         )
     fingerprint = checkpoint.fingerprint()
-    heads = DraftHeads.for_model(model, cfg.gamma, fingerprint).train()
+    heads = DraftHeads.for_model(model, cfg.gamma, fingerprint, conditioned=cfg.conditioned).train()
     optimizer = make_optimizer(heads, cfg)
     generator = torch.Generator().manual_seed(cfg.seed)
     meta = _state_meta(cfg, {**_run_identity(cfg, fingerprint, stream_digest(stream)), **(objective or {})})
@@ -343,15 +354,19 @@ def evaluate_heads(
     for w in range(count):
         window = ids[w * seq_len : (w + 1) * seq_len + gamma + 1].unsqueeze(0).to(model.device)
         hidden = model(window[:, :seq_len], torch.arange(seq_len, device=model.device), NoCache())
-        correct += _window_hits(model, heads, hidden, _targets(window, seq_len, 0, gamma + 1))
+        targets = _targets(window, seq_len, 0, gamma + 1)
+        correct += _window_hits(model, heads, hidden, targets, following=targets[0])
     return (correct / (count * seq_len)).tolist()
 
 
-def _window_hits(model: Transformer, heads: DraftHeads, hidden: Tensor, targets: Tensor, chunk: int = 256) -> Tensor:
-    """hidden (1, T, H), targets (γ+1, 1, T) -> correct top-1 counts (γ+1,); chunked so that the (γ+1, T, V)
-    logits of a large vocabulary never exist at once."""
+def _window_hits(
+    model: Transformer, heads: DraftHeads, hidden: Tensor, targets: Tensor, following: Tensor, chunk: int = 256
+) -> Tensor:
+    """hidden (1, T, H), targets (γ+1, 1, T), following (1, T) the token after each position -> correct top-1
+    counts (γ+1,); chunked so that the (γ+1, T, V) logits of a large vocabulary never exist at once."""
     hits = torch.zeros(targets.shape[0])
     for start in range(0, hidden.shape[1], chunk):
-        logits = heads.logits(model, hidden[:, start : start + chunk])  # (γ+1, 1, chunk, V)
+        part = slice(start, start + chunk)
+        logits = heads.logits(model, hidden[:, part], following=following[:, part])  # (γ+1, 1, chunk, V)
         hits += (logits.argmax(-1) == targets[:, :, start : start + chunk]).flatten(1).sum(1).cpu().float()
     return hits
