@@ -41,6 +41,7 @@ def test_shipped_heads_match_the_shipped_model(model_dir):
     meta = read_meta(model_dir / "heads.safetensors")
     assert meta.fingerprint == Checkpoint.open(model_dir).fingerprint()
     assert meta.gamma == 3
+    assert meta.conditioned  # head 1 reads the root (tools/default_model/heads.py, BENCHMARKS "Conditioned heads")
 
 
 def test_size_budget(model_dir):

@@ -142,9 +142,16 @@ def _heads_training_lines(heads: Mapping[str, Any]) -> list[str]:
     """How the heads were trained and measured (from heads_metrics.json)."""
     s = heads["settings"]
     precision = "bf16 autocast" if s["autocast"] else "fp32"
+    conditioned = (
+        "; conditioned: head 1 also adds `U·RMSNorm(E[x_t+1])`, the embedding of the token before the one it "
+        "predicts (when drafting: the root, already decided)"
+        if s.get("conditioned")
+        else ""
+    )
     return [
         f"- `heads.safetensors`: γ = {s['gamma']} TokenSwift draft heads (each `h <- h + W·RMSNorm(h)`, chained, "
-        f"sharing the frozen LM head), fp32, {heads['heads_bytes'] / 2**20:.1f} MiB; head i predicts token t+1+i.",
+        f"sharing the frozen LM head{conditioned}), fp32, {heads['heads_bytes'] / 2**20:.1f} MiB; head i predicts "
+        "token t+1+i.",
         f"- Trained with `longswift.train.train_heads` on the training split, base model frozen: {heads['steps_done']:,} "
         f"steps of {s['batch_size']} x {s['seq_len']:,} tokens ({heads['tokens_seen']:,} tokens), AdamW peak "
         f"learning rate {s['lr']:g}, warm-up {s['warmup']} steps, cosine decay, weight decay {s['weight_decay']:g}, "

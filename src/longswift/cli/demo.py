@@ -145,12 +145,16 @@ EXCERPT_LINES = 8  # enough to see that the text is text; the numbers are what t
 PROMPT_LINES = 2  # the prompt's last lines, so the excerpt shows where the generation starts
 EXCERPT_CHARS = 600  # a model that writes no newlines still gets a short excerpt
 
-# The opening of a held-out file of the embedded model's corpus (django/views/csrf.py is in a held-out unit).
+# The opening of a held-out file of the embedded model's corpus (tests/template_backends/test_dummy.py is in a held-out
+# unit). Chosen for a demo whose text is worth reading: its greedy continuation (penalty 1.2 over 1,024) has no
+# line in more than 16% of its lines and no line repeated twice in a row; the old prompt (django/views/csrf.py)
+# gave one line in 69% of them, the speedup then measuring a loop (BENCHMARKS.md, "Conditioned heads").
 DEMO_PROMPT = (
-    "from django.conf import settings\nfrom django.http import HttpResponseForbidden\n"
-    "from django.template import Context, Engine, TemplateDoesNotExist, loader\n\n\n"
-    'def csrf_failure(request, reason="", template_name=CSRF_FAILURE_TEMPLATE_NAME):\n'
-    '    """\n    Default view used when request fails CSRF protection\n    """\n'
+    "import re\n\nfrom django.forms import CharField, Form, Media\nfrom django.http import HttpRequest, HttpResponse\n"
+    "from django.middleware.csrf import (\n    CSRF_TOKEN_LENGTH,\n    CsrfViewMiddleware,\n    _unmask_cipher_token,\n"
+    "    get_token,\n)\nfrom django.template import TemplateDoesNotExist, TemplateSyntaxError\n"
+    "from django.template.backends.dummy import TemplateStrings\nfrom django.test import SimpleTestCase\n\n\n"
+    "class TemplateStringsTests(SimpleTestCase):\n    engine_class = TemplateStrings\n"
 )
 
 
