@@ -122,40 +122,36 @@ def test_the_released_format_refuses_conditioned_heads(tiny_llama, tmp_path):
 # ---------------------------------------------------------------------------------------------------- the root
 
 
-def test_fused_drafting_conditions_block_1_on_the_root(tiny_llama, monkeypatch):
-    engine = engine_for(tiny_llama, echo=True)
-    expected = echo_draft(engine)
+def drafted_pairs(engine, monkeypatch, drafter, pair) -> list[tuple[int, int]]:
+    """Generate with `drafter` (a class) on a (1, 1) tree; `pair(context, draft)` -> (draft token, expected)."""
     seen: list[tuple[int, int]] = []
-    propose = FusedDrafter.propose
+    propose = drafter.propose
 
     def spy(self, context, full, log):
         draft = propose(self, context, full, log)
         if draft.tokens:
-            seen.append((draft.tokens[0][0], expected[int(context[-1])]))
+            seen.append(pair(context, draft))
         return draft
 
-    monkeypatch.setattr(FusedDrafter, "propose", spy)
-    spec = SpeculationConfig(tree=(1, 1), ngram_topk=0, draft="fused", candidates="all")
+    monkeypatch.setattr(drafter, "propose", spy)
+    draft = "fused" if drafter is FusedDrafter else "partial"
+    spec = SpeculationConfig(tree=(1, 1), ngram_topk=0, draft=draft, candidates="all")
     engine.generate(PROMPT, 120, sampling=FREE, seed=1, ignore_eos=True, mode="tokenswift", speculation=spec)
     assert len(seen) > 20
+    return seen
+
+
+def test_fused_drafting_conditions_block_1_on_the_root(tiny_llama, monkeypatch):
+    engine = engine_for(tiny_llama, echo=True)
+    expected = echo_draft(engine)
+    seen = drafted_pairs(engine, monkeypatch, FusedDrafter, lambda c, d: (d.tokens[0][0], expected[int(c[-1])]))
     assert all(got == want for got, want in seen)
 
 
 def test_partial_drafting_conditions_block_1_on_the_depth_1_draft(tiny_llama, monkeypatch):
     engine = engine_for(tiny_llama, echo=True)
     expected = echo_draft(engine)
-    seen: list[tuple[int, int]] = []
-    propose = PartialDrafter.propose
-
-    def spy(self, context, full, log):
-        draft = propose(self, context, full, log)
-        seen.append((draft.tokens[1][0], expected[draft.tokens[0][0]]))
-        return draft
-
-    monkeypatch.setattr(PartialDrafter, "propose", spy)
-    spec = SpeculationConfig(tree=(1, 1), ngram_topk=0, draft="partial", candidates="all")
-    engine.generate(PROMPT, 120, sampling=FREE, seed=1, ignore_eos=True, mode="tokenswift", speculation=spec)
-    assert len(seen) > 20
+    seen = drafted_pairs(engine, monkeypatch, PartialDrafter, lambda c, d: (d.tokens[1][0], expected[d.tokens[0][0]]))
     assert all(got == want for got, want in seen)
 
 
