@@ -58,6 +58,7 @@ class HeadsSettings:
     seed: int = 1234
     autocast: bool = True
     conditioned: bool = True  # head 1 reads the root token (heads.py); 1.76x the greedy match of plain heads here
+    token_mlp: int = 0  # width of head 1's MLP over its state and the root (heads.py); 0 = none
     checkpoint_every: int = 100
     eval_windows: int = 128  # non-overlapping seq_len windows of the validation split (128 x 1024 = 131K positions)
     log_every: int = 25
@@ -96,7 +97,7 @@ def train_config(work_dir: Path, out_dir: Path, settings: HeadsSettings, resume:
         steps=settings.steps, lr=settings.lr, seq_len=settings.seq_len, batch_size=settings.batch_size,
         warmup=settings.warmup, weight_decay=settings.weight_decay, seed=settings.seed,
         checkpoint_every=settings.checkpoint_every, autocast=settings.autocast, resume=resume,
-        conditioned=settings.conditioned,
+        conditioned=settings.conditioned, token_mlp=settings.token_mlp,
     )
 
 

@@ -69,6 +69,14 @@ def add_train_heads(p: argparse.ArgumentParser) -> None:
         help="head 1 also reads the token before the one it predicts (when drafting: the root, already decided); "
         "on the embedded model its drafts matched the model's greedy choice 1.8x as often as plain heads'",
     )
+    p.add_argument(
+        "--token-mlp",
+        type=int,
+        default=0,
+        metavar="N",
+        help="conditioned heads whose head 1 also runs an MLP of width N over its state and that token (implies "
+        "--conditioned; 0 = none, the default); on the embedded model N=512 gave the shipped heads",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the window sampler (default 0)")
     p.add_argument("--checkpoint-every", type=int, default=50, help="steps between resumable states (50)")
     p.add_argument("--resume", action="store_true", help="continue from OUT.state")
@@ -114,6 +122,7 @@ def cmd_train_heads(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         autocast=False if args.no_autocast else {"auto": None, "on": True, "off": False}[args.autocast],
         resume=args.resume,
         conditioned=args.conditioned,
+        token_mlp=args.token_mlp,
     )
     bar: Any = None
 

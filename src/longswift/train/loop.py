@@ -63,6 +63,7 @@ class TrainConfig:
     autocast: bool | None = None
     resume: bool = False  # continue from <out>.state instead of starting over
     conditioned: bool = False  # head 1 also reads the token after its position (heads.py: conditioned heads)
+    token_mlp: int = 0  # width of head 1's MLP over its state and that token (heads.py); > 0 implies conditioned
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", Path(self.model))
@@ -71,6 +72,8 @@ class TrainConfig:
         object.__setattr__(self, "data", tuple(Path(p) for p in data))
         for message in _config_problems(self):
             raise ConfigError(message)
+        if self.token_mlp > 0:  # a token MLP reads the token: the heads are conditioned
+            object.__setattr__(self, "conditioned", True)
         if self.autocast is None:  # resolved here, so a resumed run compares (and records) what was used
             object.__setattr__(self, "autocast", native_bf16(torch.device(self.device)))
 
@@ -102,6 +105,7 @@ def _config_problems(cfg: TrainConfig) -> list[str]:
         (len(cfg.data) > 0, "no training data files given"),
         (cfg.dtype in DTYPES, f"unknown dtype {cfg.dtype!r}; choose one of {', '.join(DTYPES)}"),
         (_is_device(cfg.device), f"unknown device {cfg.device!r}"),
+        (cfg.token_mlp >= 0, f"token-mlp must be >= 0 (0 = none), got {cfg.token_mlp}"),
     ]
     return [message for ok, message in checks if not ok]
 
@@ -212,6 +216,8 @@ def _run_identity(cfg: TrainConfig, fingerprint: str, digest: str) -> dict[str, 
     """The settings that determine the heads, flat; a resumed run must match them exactly."""
     ignored = {"model", "data", "out", "resume", "checkpoint_every", "device"}
     settings = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name not in ignored}
+    if not cfg.token_mlp:  # absent from states written before the option existed, which stay resumable
+        del settings["token_mlp"]
     return {"fingerprint": fingerprint, "data_sha256": digest, **settings}
 
 
@@ -261,7 +267,7 @@ def train_on_stream(
             f"+ gamma {cfg.gamma} + 1 = {cfg.window:,}"
         )
     fingerprint = checkpoint.fingerprint()
-    heads = DraftHeads.for_model(model, cfg.gamma, fingerprint, conditioned=cfg.conditioned).train()
+    heads = DraftHeads.for_model(model, cfg.gamma, fingerprint, cfg.conditioned, cfg.token_mlp).train()
     optimizer = make_optimizer(heads, cfg)
     generator = torch.Generator().manual_seed(cfg.seed)
     meta = _state_meta(cfg, {**_run_identity(cfg, fingerprint, stream_digest(stream)), **(objective or {})})

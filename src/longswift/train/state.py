@@ -113,7 +113,9 @@ def _read_state(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
 def _check_same_run(path: Path, header: dict[str, Any], identity: dict[str, Any]) -> None:
     """Resuming is only meaningful for the run that wrote the state: same model, data and settings."""
     stored = header.get("run", {})
-    differing = [k for k in identity if stored.get(k) != identity[k]]
+    # Keys either side lacks count too: a setting left out of the identity at its default (train/loop.py).
+    keys = list(identity) + [k for k in stored if k not in identity]
+    differing = [k for k in keys if stored.get(k) != identity.get(k)]
     if differing:
-        detail = "; ".join(f"{k}: state {stored.get(k)!r}, now {identity[k]!r}" for k in differing[:3])
+        detail = "; ".join(f"{k}: state {stored.get(k)!r}, now {identity.get(k)!r}" for k in differing[:3])
         raise ConfigError(f"cannot resume from {path}: it was written by a different run ({detail})")
