@@ -42,6 +42,7 @@ def test_shipped_heads_match_the_shipped_model(model_dir):
     assert meta.fingerprint == Checkpoint.open(model_dir).fingerprint()
     assert meta.gamma == 3
     assert meta.conditioned  # head 1 reads the root (tools/default_model/heads.py, BENCHMARKS "Conditioned heads")
+    assert meta.token_mlp == 512  # ... and runs an MLP over its state and the root (BENCHMARKS "Token-MLP heads")
 
 
 def test_size_budget(model_dir):

@@ -148,6 +148,11 @@ def _heads_training_lines(heads: Mapping[str, Any]) -> list[str]:
         if s.get("conditioned")
         else ""
     )
+    if s.get("token_mlp"):
+        conditioned += (
+            f", and an MLP of width {s['token_mlp']} over `[RMSNorm(h); RMSNorm(E[x_t+1])]` "
+            "(`W_down·silu(W_up·[...])`, `train-heads --token-mlp`)"
+        )
     return [
         f"- `heads.safetensors`: γ = {s['gamma']} TokenSwift draft heads (each `h <- h + W·RMSNorm(h)`, chained, "
         f"sharing the frozen LM head{conditioned}), fp32, {heads['heads_bytes'] / 2**20:.1f} MiB; head i predicts "

@@ -75,7 +75,7 @@ def add_train_heads(p: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="conditioned heads whose head 1 also runs an MLP of width N over its state and that token (implies "
-        "--conditioned; 0 = none, the default); on the embedded model N=512 gave the shipped heads",
+        "--conditioned; 0 = none, the default); the embedded heads use 512 (greedy match 55%% against 46%% without)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the window sampler (default 0)")
     p.add_argument("--checkpoint-every", type=int, default=50, help="steps between resumable states (50)")
