@@ -25,6 +25,8 @@ from longswift.model.checkpoint import Checkpoint
 from longswift.model.heads import DraftHeads, read_meta
 from longswift.model.released import write_released
 
+from .heads_runs import assert_batched_equals_alone, train_crash_and_resume
+
 PROMPT = "It was the best of times, it was the worst of times, it was the age of wisdom"
 ECHO = 1e6  # block 1's root term, so large that its draft is a function of the root alone
 # Sampled without a penalty: drafts are not penalised (the echo map holds) and, unlike the tiny model's greedy
@@ -206,54 +208,23 @@ def test_conditioned_heads_batched_equal_each_sequence_alone(tiny_llama):
         GenerationRequest("Once", 460, sampling=PAPER, seed=3, mode="tokenswift", speculation=spec, ignore_eos=True),
         GenerationRequest("A B C", 520, sampling=PAPER, seed=9, mode="ar", ignore_eos=True),
     ]
-    alone = [engine.generate(r).token_ids for r in requests]
-    stream = engine.stream_many(requests, batch_size=2)
-    for _ in stream:
-        pass
-    assert [r.token_ids if r else None for r in stream.results] == alone
+    assert_batched_equals_alone(engine, requests)
 
 
 # ---------------------------------------------------------------------------------------------------- training
 
 
 def test_conditioned_heads_train_evaluate_and_resume(tiny_llama, tmp_path):
-    from dataclasses import replace
+    from longswift.train import evaluate_heads
 
-    from longswift.errors import ConfigError
-    from longswift.train import TrainConfig, evaluate_heads, train_heads
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # bit-identity of a resumed run holds for a fixed thread count
-    try:
-        data = tmp_path / "data.txt"
-        data.write_text(" ".join(f"word{i % 37} then{i % 11}" for i in range(1500)), encoding="utf-8")
-        whole = TrainConfig(
-            model=tiny_llama, data=(data,), out=tmp_path / "whole.safetensors", gamma=2, steps=6, seq_len=64,
-            warmup=1, lr=5e-2, checkpoint_every=3, conditioned=True, autocast=False,
-        )  # fmt: skip
-        expected = train_heads(whole)
-        crashed = replace(whole, out=tmp_path / "crashed.safetensors")
-
-        def crash(stats):
-            if stats.step == 4:
-                raise KeyboardInterrupt
-
-        with pytest.raises(KeyboardInterrupt):
-            train_heads(crashed, crash)
-        with pytest.raises(ConfigError):  # the state was written by a conditioned run
-            train_heads(replace(crashed, resume=True, conditioned=False))
-        resumed = train_heads(replace(crashed, resume=True))
-    finally:
-        torch.set_num_threads(threads)
-    assert resumed.final_loss == expected.final_loss
+    # The state was written by a conditioned run: a plain run may not continue it.
+    whole = train_crash_and_resume(tiny_llama, tmp_path, {"conditioned": False}, conditioned=True)
     ckpt = Checkpoint.open(tiny_llama)
     a = DraftHeads.load(whole.out, ckpt.fingerprint())
-    b = DraftHeads.load(crashed.out, ckpt.fingerprint())
-    assert a.conditioned and b.conditioned
-    for name, tensor in a.state_dict().items():
-        assert torch.equal(tensor, b.state_dict()[name]), name
+    assert a.conditioned
     first = a.typed_blocks()[0].token_proj
     assert first is not None and first.weight.abs().sum() > 0  # it learnt from the root
+    data = whole.data[0]
     ids = ckpt.load_tokenizer()(data.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
     accuracy = evaluate_heads(ckpt.load_model(), a, ids, 64, 2)
     assert len(accuracy) == 3 and all(0 <= x <= 1 for x in accuracy)

@@ -25,6 +25,8 @@ from longswift.jobs.request import GenerationRequest
 from longswift.model.checkpoint import Checkpoint
 from longswift.model.heads import DraftHeads, HeadsMeta, read_meta
 
+from .heads_runs import assert_batched_equals_alone, train_crash_and_resume
+
 PROMPT = "It was the best of times, it was the worst of times, it was the age of wisdom"
 PAPER = SamplingConfig(temperature=1.0, min_p=0.1, repetition_penalty=1.2, penalty_window=64)
 GREEDY = SamplingConfig(repetition_penalty=1.3, penalty_window=64)
@@ -147,11 +149,7 @@ def test_token_mlp_heads_batched_equal_each_sequence_alone(tiny_llama):
         GenerationRequest(PROMPT, 500, sampling=GREEDY, mode="tokenswift", speculation=spec, ignore_eos=True),
         GenerationRequest("Once", 460, sampling=PAPER, seed=3, mode="tokenswift", speculation=spec, ignore_eos=True),
     ]
-    alone = [engine.generate(r).token_ids for r in requests]
-    stream = engine.stream_many(requests, batch_size=2)
-    for _ in stream:
-        pass
-    assert [r.token_ids if r else None for r in stream.results] == alone
+    assert_batched_equals_alone(engine, requests)
 
 
 # ---------------------------------------------------------------------------------------------------- training
@@ -161,40 +159,13 @@ def test_token_mlp_heads_train_and_resume(tiny_llama, tmp_path):
     from dataclasses import replace
 
     from longswift.errors import ConfigError
-    from longswift.train import TrainConfig, train_heads
     from longswift.train.loop import _run_identity
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # bit-identity of a resumed run holds for a fixed thread count
-    try:
-        data = tmp_path / "data.txt"
-        data.write_text(" ".join(f"word{i % 37} then{i % 11}" for i in range(1500)), encoding="utf-8")
-        whole = TrainConfig(
-            model=tiny_llama, data=(data,), out=tmp_path / "whole.safetensors", gamma=2, steps=6, seq_len=64,
-            warmup=1, lr=5e-2, checkpoint_every=3, token_mlp=8, autocast=False,
-        )  # fmt: skip
-        assert whole.conditioned  # a token MLP reads the token
-        expected = train_heads(whole)
-        crashed = replace(whole, out=tmp_path / "crashed.safetensors")
-
-        def crash(stats):
-            if stats.step == 4:
-                raise KeyboardInterrupt
-
-        with pytest.raises(KeyboardInterrupt):
-            train_heads(crashed, crash)
-        with pytest.raises(ConfigError, match="token_mlp"):  # the state was written with an MLP of width 8
-            train_heads(replace(crashed, resume=True, token_mlp=0))
-        resumed = train_heads(replace(crashed, resume=True))
-    finally:
-        torch.set_num_threads(threads)
-    assert resumed.final_loss == expected.final_loss
-    ckpt = Checkpoint.open(tiny_llama)
-    a = DraftHeads.load(whole.out, ckpt.fingerprint())
-    b = DraftHeads.load(crashed.out, ckpt.fingerprint())
-    for name, tensor in a.state_dict().items():
-        assert torch.equal(tensor, b.state_dict()[name]), name
-    down = a.typed_blocks()[0].mlp_down
+    # The state was written with an MLP of width 8: a run without one may not continue it.
+    whole = train_crash_and_resume(tiny_llama, tmp_path, {"token_mlp": 0}, token_mlp=8)
+    assert whole.conditioned  # a token MLP reads the token
+    heads = DraftHeads.load(whole.out, Checkpoint.open(tiny_llama).fingerprint())
+    down = heads.typed_blocks()[0].mlp_down
     assert down is not None and down.weight.abs().sum() > 0  # the MLP learnt
     # Runs without an MLP keep the identity they had before the option existed (their states stay resumable).
     assert "token_mlp" not in _run_identity(replace(whole, token_mlp=0), "f", "d")
