@@ -359,6 +359,61 @@ def test_batched_forward_writes_each_row_after_its_own_length_and_commits_its_pa
     assert torch.equal(cache._k[1, 1, :, 3], k[1, :, 2]) and torch.equal(cache._v[1, 1, :, 2], v[1, :, 0])
 
 
+def test_rows_of_one_length_write_and_return_what_the_per_row_rule_does():
+    """Rows that share a committed length take a slice instead of the per-row scatter: the same cache after
+    the write, the same key views returned, for the rows in the forward only."""
+    from longswift.config import ModelConfig
+    from longswift.model.batch_cache import BatchKVCache
+
+    cfg = ModelConfig(
+        "llama", 32, 16, 32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4, max_position_embeddings=64
+    )
+    k = torch.randn(2, cfg.num_kv_heads, 3, cfg.head_dim)
+    v = torch.randn(2, cfg.num_kv_heads, 3, cfg.head_dim)
+    results = []
+    for lengths in ([4, 4, 1], [4, 4, 4]):  # rows 0 and 1 in the forward: equal either way
+        cache = BatchKVCache(cfg, rows=3, capacity=12)
+        cache.lengths = list(lengths)
+        cache.begin(active=2, width=3)
+        assert cache.uniform_length(2) == 4
+        keys, values = cache.write(1, k, v)
+        assert keys.shape == (2, cfg.num_kv_heads, 7, cfg.head_dim)
+        assert torch.equal(keys[:, :, 4:], k) and torch.equal(values[:, :, 4:], v)
+        assert not cache._k[1, 2].any() and not cache._k[0].any()  # row 2 and layer 0 untouched
+        results.append(cache._k.clone())
+    assert torch.equal(results[0], results[1])
+    cache.lengths = [4, 5, 1]
+    assert cache.uniform_length(2) is None and cache.uniform_length(1) == 4
+
+
+@pytest.mark.parametrize("arch", ["llama_gqa_llama3", "mistral"])
+def test_a_batch_of_one_row_attends_by_the_single_sequence_rule_and_writes_the_same_text(
+    checkpoint_factory, arch, monkeypatch
+):
+    """A batch down to one decoding row (a server with one user, the tail of a batch) builds no per-row bias:
+    its steps take the single-sequence visibility (with a sliding window that cuts the context for mistral),
+    AR and TokenSwift alike, and every job still writes its batch-size-1 text, greedy and seeded-sampled."""
+    import longswift.decode.batched as batched
+
+    path = checkpoint_factory(arch, **({"sliding_window": 24} if arch == "mistral" else {}))
+    engine = engine_for(path)
+    calls = []
+    real = batched.batch_bias
+    monkeypatch.setattr(batched, "batch_bias", lambda *a, **k: calls.append(1) or real(*a, **k))
+    requests = [
+        GenerationRequest("It was the best of times", 60, mode="ar", ignore_eos=True),
+        GenerationRequest("Once upon a time", 60, mode="ar", sampling=PAPER, seed=5, ignore_eos=True),
+        GenerationRequest("A B C", 60, mode="tokenswift", speculation=SPEC, ignore_eos=True),
+        GenerationRequest("x y", 60, mode="tokenswift", speculation=SPEC, sampling=PAPER, seed=2, ignore_eos=True),
+    ]
+    stream = engine.stream_many(requests, batch_size=1)
+    list(stream)
+    assert calls == []
+    assert stream.decoder.width_sum > stream.decoder.steps  # the TokenSwift jobs verified tries, not roots alone
+    for request, got in zip(requests, stream.results):
+        assert_same(single(engine, request), got)
+
+
 @pytest.mark.parametrize("width", [1, 2, 5])
 @pytest.mark.parametrize("window", [None, 6])
 def test_batch_bias_equals_the_visibility_rule_key_by_key(width, window):

@@ -277,9 +277,16 @@ class BatchDecoder:
         rows, width = tokens.shape
         lengths, cfg = self.cache.lengths[:rows], self.model.cfg
         self.cache.begin(rows, width)
+        positions = torch.tensor(lengths, device=tokens.device)[:, None] + depths
+        shared = self.cache.uniform_length(rows)
+        if shared is not None and (width == 1 or (rows == 1 and masks[0].shape[0] == width)):
+            # Every row sees the same committed keys and the same new-key mask (one token each, or one row): the
+            # single-sequence rule applies as it is (no mask for a root, the cascade where it pays).
+            block = masks[0] if width > 1 else None
+            vis = self.model.visibility(positions[0], self.cache.row(0), block, self.model.dtype)
+            return self.model(tokens, positions, self.cache, vis=vis)
         end, window = self.cache.end, cfg.sliding_window
         bias = batch_bias(lengths, masks, width, end, cfg.group_size, self.model.dtype, window, depths)
-        positions = torch.tensor(lengths, device=tokens.device)[:, None] + depths
         return self.model(tokens, positions, self.cache, vis=Visibility(bias))
 
     def _decide(

@@ -45,6 +45,7 @@ class BatchKVCache:
         # forward by `begin` and shared by every layer's keys and values (built per write, they cost more than
         # the writes: measured 90 µs against 25 µs a write at 8 rows, 12 writes a step).
         self._where: tuple[Tensor, Tensor] | None = None
+        self._uniform: int | None = None  # the rows' common length when the forward's rows all have one
         self._span = 0  # keys a batched forward attends to: rows [0, _span) of every row
         self._width = 0  # tokens per row written by the current batched forward
         self._active = rows  # rows covered by the current batched forward
@@ -63,18 +64,37 @@ class BatchKVCache:
         longest = max(self.lengths[:active])
         if longest + width > self.capacity:
             raise ConfigError(f"KV cache is full: {longest + width} rows needed, capacity is {self.capacity}")
+        self._span, self._width, self._active = longest + width, width, active
+        self._uniform = self.uniform_length(active)
+        if self._uniform is not None:  # every row writes at the same rows: a slice, as a single sequence does
+            self._where = None
+            return
         device, heads = self._k.device, self._k.shape[2]
         starts = torch.tensor(self.lengths[:active], device=device)[:, None]
         positions = (starts + torch.arange(width, device=device)).repeat_interleave(heads, 0)  # (active*Hkv, T)
         pairs = torch.arange(active * heads, device=device)[:, None].expand(active * heads, width)
         self._where = (pairs, positions)
-        self._span, self._width, self._active = longest + width, width, active
+
+    def uniform_length(self, active: int) -> int | None:
+        """The committed length shared by rows [0, active), or None when they differ.
+
+        Rows of equal length need neither per-row destinations nor a mask for their committed keys: a batch of
+        same-length prompts decoding AR stays so for its whole run (measured: the per-row scatter and the
+        (rows, 1, G, span) bias cost a batch-size-1 AR step ~0.2 ms of its ~3.7).
+        """
+        first = self.lengths[0]
+        return first if all(n == first for n in self.lengths[1:active]) else None
 
     def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """k/v (active, Hkv, T, D) go to rows [length_r, length_r + T) of each row -> views of key rows [0, span)."""
-        assert self._where is not None, "begin() before a batched forward"
         active, heads, t, dim = k.shape
         assert t == self._width, f"begin() announced {self._width} tokens per row, the forward wrote {t}"
+        if self._uniform is not None:
+            start = self._uniform
+            self._k[layer, :active, :, start : start + t] = k
+            self._v[layer, :active, :, start : start + t] = v
+            return self._k[layer, :active, :, : self._span], self._v[layer, :active, :, : self._span]
+        assert self._where is not None, "begin() before a batched forward"
         for buffer, new in ((self._k, k), (self._v, v)):
             flat = buffer[layer].view(-1, self.capacity, dim)  # (rows * Hkv, capacity, D): row r, head h at r*Hkv+h
             flat.index_put_(self._where, new.reshape(active * heads, t, dim))
