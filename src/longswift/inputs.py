@@ -8,6 +8,7 @@ instead of a traceback from the tokenizer, torch or the file system further down
 from __future__ import annotations
 
 import argparse
+import codecs
 import operator
 from collections.abc import Sequence
 from pathlib import Path
@@ -119,10 +120,35 @@ def check_api_key(key: str | None) -> None:
 
 
 def prompt_file_lines(path: Path) -> list[str]:
-    """The lines of a prompts file (UTF-8), or one clear `PromptError` for a missing or unreadable file."""
+    """The lines of a prompts file (UTF-8), or one clear `PromptError` for a missing or unreadable file.
+
+    A byte that is not UTF-8 spoils its own line only: it is decoded as a lone surrogate (Python's
+    "surrogateescape"), which `undecodable` then names for that line, so the other lines still run. A byte-order
+    mark at the start of a line (a file saved by a Windows editor, or files concatenated from such) is dropped: it is
+    no part of the JSON. A UTF-16 file is refused whole, since none of its lines could be read.
+    """
     try:
-        return path.read_bytes().decode("utf-8").splitlines()
+        data = path.read_bytes()
     except FileNotFoundError:
         raise PromptError(f"prompts file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PromptError(f"cannot read prompts file {path}: {exc}") from None
+    except OSError as exc:
+        raise PromptError(f"cannot read prompts file {path}: {exc.strerror or exc}") from None
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise PromptError(f"prompts file {path} is UTF-16 (it starts with a UTF-16 byte-order mark); save it as UTF-8")
+    return [line.removeprefix("\ufeff") for line in data.decode("utf-8", "surrogateescape").splitlines()]
+
+
+def undecodable(line: str) -> str | None:
+    """What is wrong with a line of `prompt_file_lines` that held bytes that are not UTF-8, or None.
+
+    Valid UTF-8 never decodes to a lone surrogate (it cannot encode one), so every surrogate in such a line is a
+    byte the decoder escaped, and U+DC80 + b is byte b. A JSON escape such as "\\ud800" is six ASCII characters
+    here, not a surrogate: `check_text` refuses it once the JSON is parsed.
+    """
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        column = len(line[: exc.start].encode("utf-8", "surrogateescape")) + 1
+        byte = ord(line[exc.start]) - 0xDC00
+        return f"not valid UTF-8 (byte 0x{byte:02X} at byte {column} of the line); save the file as UTF-8"
+    return None

@@ -7,7 +7,8 @@ the same command gives every group the same share. A job's files in the output d
   ID.ckpt.json    its checkpoint (job.py): an interrupted job resumes from here, exactly;
   ID.result.json  written once the job ended (or failed): the job's line of results.jsonl, and the mark that
                   makes a rerun skip it.
-A bad line (not JSON, no prompt, a prompt the model cannot take) fails only its own job: the error is its result.
+A bad line (not JSON, not UTF-8, no prompt, a prompt the model cannot take) fails only its own job: the error is its
+result, naming its line number.
 A line whose id names the same files as an earlier line's is a bad line too (see `unique_id`); a line that is bad in
 the prompts file alone owns no files, its error is reported from the file on every run.
 """
@@ -24,7 +25,7 @@ from typing import Any
 
 from ..errors import ConfigError, LongswiftError, OutputError, PromptError
 from ..files import atomic_write, check_directory, check_outputs, output_problem
-from ..inputs import check_seed, check_text, prompt_file_lines
+from ..inputs import check_seed, check_text, prompt_file_lines, undecodable
 from .request import GenerationRequest
 from .state import JobState, TextSink, run_job
 
@@ -89,13 +90,15 @@ def _parse(number: int, text: str) -> BatchItem:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        return BatchItem(number, fallback, error=f"line {number}: not valid JSON ({exc.msg})")
+        return BatchItem(number, fallback, error=f"line {number}: {undecodable(text) or f'not valid JSON ({exc.msg})'}")
     if not isinstance(data, dict):
         return BatchItem(number, fallback, error=f"line {number}: not a JSON object")
     raw_id = data.get("id", fallback)
     if not isinstance(raw_id, (str, int)) or isinstance(raw_id, bool) or not str(raw_id):
         return BatchItem(number, fallback, error=f"line {number}: id must be a non-empty string or an integer")
     item_id = str(raw_id)
+    if (bad_bytes := undecodable(text)) is not None:  # reported under the line's id where the id itself is readable
+        return BatchItem(number, fallback if undecodable(item_id) else item_id, error=f"line {number}: {bad_bytes}")
     try:
         check_text(item_id, "the id")
     except PromptError as exc:
@@ -178,10 +181,20 @@ class BatchRunner:
                 "output": text.name,
                 "tokens": len(result.token_ids),
                 "finish_reason": result.finish_reason,
-                "stats": result.stats,
+                "stats": self.portable(result.stats),
             },
         )
         return True
+
+    def portable(self, stats: dict[str, Any]) -> dict[str, Any]:
+        """`stats` as results.jsonl keeps them: the heads file named relative to the model directory when it lies
+        inside it, else by its file name ("embedded" stays), so that the results neither depend on nor show where
+        the model and heads were installed."""
+        heads = stats.get("heads")
+        if not heads or heads == "embedded":
+            return stats
+        path, root = Path(str(heads)).resolve(), Path(self.engine.checkpoint.path).resolve()
+        return {**stats, "heads": path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name}
 
     def finish(self, item: BatchItem, fields: dict[str, Any]) -> None:
         """Write `item`'s result (its line of results.jsonl) and report it."""

@@ -103,7 +103,7 @@ def _fields(runner: BatchRunner, item: BatchItem, result: Any) -> dict[str, Any]
         "output": f"{item.stem}.txt",
         "tokens": len(result.token_ids),
         "finish_reason": result.finish_reason,
-        "stats": result.stats,
+        "stats": runner.portable(result.stats),
     }
 
 
