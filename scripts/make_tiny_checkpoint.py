@@ -13,6 +13,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from longswift.bench.shapes import embedded_like
+
 TEXT = (
     "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
     "foolishness, it was the epoch of belief, it was the epoch of incredulity.\n"
@@ -32,19 +34,9 @@ def main(out: Path) -> None:
             show_progress=False,
         ),
     )
-    config = LlamaConfig(
-        vocab_size=512,
-        hidden_size=256,
-        intermediate_size=688,
-        num_hidden_layers=6,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        max_position_embeddings=131072,
-        rope_theta=1e6,
-        eos_token_id=0,
-        bos_token_id=None,
-        tie_word_embeddings=True,
-    )
+    cls_name, kwargs = embedded_like()  # bench/shapes.py: the embedded model's architecture, 512 tokens
+    assert cls_name == "LlamaConfig"
+    config = LlamaConfig(**kwargs)
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(out)
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(out)

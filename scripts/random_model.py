@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from longswift.bench.profile import ProfileConfig, format_profile, run_profile
+from longswift.bench.shapes import ALIASES, GPU_SHAPES, scaled
 from longswift.config import ModelConfig, SamplingConfig, SpeculationConfig, StopConfig
 from longswift.decode.drafting import make_drafter
 from longswift.decode.loop import ARDecoder, drive
@@ -29,52 +30,11 @@ from longswift.model.checkpoint import Checkpoint
 from longswift.model.heads import DraftHeads
 from longswift.model.transformer import Transformer
 
-SHAPES = {
-    "qwen2.5-1.5b": dict(
-        architectures=["Qwen2ForCausalLM"],
-        model_type="qwen2",
-        hidden_size=1536,
-        intermediate_size=8960,
-        num_hidden_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        max_position_embeddings=131072,
-        rope_theta=1e6,
-        tie_word_embeddings=True,
-        rms_norm_eps=1e-6,
-    ),
-    "llama3.1-8b": dict(
-        architectures=["LlamaForCausalLM"],
-        model_type="llama",
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        max_position_embeddings=131072,
-        rope_theta=5e5,
-        rms_norm_eps=1e-5,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-    ),
-}
+SHAPES = sorted([*GPU_SHAPES, *ALIASES])  # bench/shapes.py: qwen2.5-1.5b, llama-3.1-8b (or llama3.1-8b)
 
 
 def shaped(shape: str, scale: float) -> dict:
-    raw = dict(SHAPES[shape])
-    if scale != 1.0:  # keep the head layout (GQA groups), shrink widths, depth and vocabulary
-        raw["hidden_size"] = raw["num_attention_heads"] * 16
-        for key in ("intermediate_size", "vocab_size"):
-            raw[key] = max(512, int(raw[key] * scale) // 64 * 64)
-        raw["num_hidden_layers"] = max(2, int(raw["num_hidden_layers"] * scale))
-    return raw
+    return scaled(shape, scale)
 
 
 def random_model(raw: dict, device: str, dtype: torch.dtype) -> Transformer:
@@ -113,7 +73,7 @@ def timed(decoder, prompt: list[int], n: int) -> tuple[list[int], float, dict]:
     for _ in drive(decoder, transcript):
         pass
     t = decoder.timer.totals
-    return transcript.ids, sum(v for k, v in t.items() if k != "prefill"), decoder.stats()
+    return transcript.ids, sum(v for k, v in t.items() if k != "prefill"), decoder.stats().to_json()
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -186,11 +146,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("write")
-    w.add_argument("shape", choices=sorted(SHAPES))
+    w.add_argument("shape", choices=SHAPES)
     w.add_argument("out")
     w.add_argument("--scale", type=float, default=1.0)
     r = sub.add_parser("run")
-    r.add_argument("shape", choices=sorted(SHAPES))
+    r.add_argument("shape", choices=SHAPES)
     r.add_argument("--device", default="cuda")
     r.add_argument("--dtype", default="bf16")
     r.add_argument("--prompt-len", type=int, default=2048)

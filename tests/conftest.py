@@ -21,6 +21,8 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from longswift.bench import shapes  # noqa: E402
+
 VOCAB = 384
 EOS_TEXT = "<|endoftext|>"
 TOKENIZER_TEXT = (
@@ -29,104 +31,10 @@ TOKENIZER_TEXT = (
     "nobler in the mind to suffer the slings and arrows of outrageous fortune.\n\n"
 ) * 20
 
-# name -> (transformers config class name, config kwargs). Odd head counts and explicit head_dim where allowed.
-ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
-    "llama_mha": (
-        "LlamaConfig",
-        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=128, num_hidden_layers=2),
-    ),
-    "llama_gqa_llama3": (
-        "LlamaConfig",
-        dict(
-            hidden_size=72,
-            num_attention_heads=6,
-            num_key_value_heads=2,
-            head_dim=16,
-            intermediate_size=96,
-            num_hidden_layers=3,
-            rope_theta=500000.0,
-            max_position_embeddings=4096,
-            rope_scaling={
-                "rope_type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 64,
-            },
-        ),
-    ),
-    "llama_yarn": (
-        "LlamaConfig",
-        dict(
-            hidden_size=48,
-            num_attention_heads=3,
-            num_key_value_heads=1,
-            intermediate_size=80,
-            num_hidden_layers=2,
-            max_position_embeddings=4096,
-            rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
-        ),
-    ),
-    "llama_linear": (
-        "LlamaConfig",
-        dict(
-            hidden_size=32,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            rope_scaling={"rope_type": "linear", "factor": 2.0},
-        ),
-    ),
-    "qwen2_bias": (
-        "Qwen2Config",
-        dict(
-            hidden_size=64,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=112,
-            num_hidden_layers=2,
-            tie_word_embeddings=True,
-        ),
-    ),
-    "mistral": (
-        "MistralConfig",
-        dict(
-            hidden_size=64,
-            num_attention_heads=4,
-            num_key_value_heads=1,
-            head_dim=24,
-            intermediate_size=96,
-            num_hidden_layers=2,
-            sliding_window=None,
-        ),
-    ),
-    # Qwen3: per-head q/k RMSNorm before RoPE; head_dim explicit and != hidden / heads, as in the real models.
-    "qwen3": (
-        "Qwen3Config",
-        dict(
-            hidden_size=64,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=24,
-            intermediate_size=96,
-            num_hidden_layers=2,
-            tie_word_embeddings=False,
-        ),
-    ),
-    "qwen3_tied": (
-        "Qwen3Config",
-        dict(
-            hidden_size=48,
-            num_attention_heads=3,
-            num_key_value_heads=1,
-            head_dim=32,
-            intermediate_size=80,
-            num_hidden_layers=2,
-            tie_word_embeddings=True,
-        ),
-    ),
-}
+# The tiny test architectures (name -> (transformers config class name, kwargs)) live with every other named shape
+# in longswift.bench.shapes; tests parametrized over ARCHS run each. `checkpoint_factory` also writes the shapes
+# kept out of that set (shapes.DEEP_ARCHS: the 28-layer narrow model of the compile tests).
+ARCHS: dict[str, tuple[str, dict[str, Any]]] = shapes.TEST_ARCHS
 
 
 @pytest.fixture(scope="session")
@@ -152,12 +60,12 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def write_checkpoint(out: Path, arch: str, tokenizer_dir: Path, seed: int = 0, **overrides: Any) -> Path:
-    """Write a random `arch` model (from ARCHS) with the shared tokenizer into `out`; returns `out`."""
+    """Write a random `arch` model (ARCHS, or shapes.DEEP_ARCHS) with the shared tokenizer into `out`; returns `out`."""
     import shutil
 
     import transformers
 
-    cls_name, kwargs = ARCHS[arch]
+    cls_name, kwargs = shapes.arch_config(arch)
     kwargs = {
         **kwargs,
         "vocab_size": VOCAB,

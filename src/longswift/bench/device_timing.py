@@ -19,52 +19,9 @@ from ..decode.tokenswift import TokenSwiftDecoder
 from ..model.cache import KVCache
 from ..model.compiled import StaticForward, compile_count
 from ..model.transformer import Transformer
+from .shapes import GPU_SHAPES, gpu_shape
 
-SHAPES: dict[str, dict[str, Any]] = {
-    "qwen2.5-1.5b": dict(
-        model_type="qwen2",
-        architectures=["Qwen2ForCausalLM"],
-        hidden_size=1536,
-        intermediate_size=8960,
-        num_hidden_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-        rope_theta=1e6,
-        rms_norm_eps=1e-6,
-        max_position_embeddings=131072,
-    ),
-    "llama-3.1-8b": dict(
-        model_type="llama",
-        architectures=["LlamaForCausalLM"],
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        tie_word_embeddings=False,
-        rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-        max_position_embeddings=131072,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-    ),
-}
-TINY = dict(
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=2048,
-)
+SHAPES = GPU_SHAPES  # the check's two models (bench/shapes.py)
 NODES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
@@ -96,7 +53,7 @@ def build_models(name: str, tiny: bool, device: torch.device, dtype: torch.dtype
     """A random-weight transformers model of the named shape and our Transformer on the very same tensors."""
     import transformers
 
-    raw = {**SHAPES[name], **(TINY if tiny else {})}
+    raw = gpu_shape(name, tiny)
     config = transformers.AutoConfig.for_model(**{k: v for k, v in raw.items() if k != "architectures"})
     config.architectures = raw["architectures"]
     torch.manual_seed(0)
