@@ -100,6 +100,7 @@ def test_generate_batch_flags_are_checked_too(tmp_path):
         (["--tp", "0"], "--tp must be >= 1"),
         (["--seed", str(2**65)], "64-bit"),
         (["--checkpoint-every", "0"], "--checkpoint-every must be >= 1"),
+        (["--checkpoint-seconds", "-5"], "--checkpoint-seconds must be >= 0"),
     ]:
         code, _, err = run("generate-batch", "--prompts", str(prompts), "--out-dir", str(tmp_path / "o"), *flags)
         one_line_error(code, err, message)

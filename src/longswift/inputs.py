@@ -64,6 +64,8 @@ def check_job_flags(args: argparse.Namespace) -> None:
     """The integer flags of generate and generate-batch, before any work."""
     check_at_least("--tp", args.tp, 1)
     check_at_least("--checkpoint-every", args.checkpoint_every, 1)
+    if not args.checkpoint_seconds >= 0:  # NaN too
+        raise ConfigError(f"--checkpoint-seconds must be >= 0 (0: by tokens only), got {args.checkpoint_seconds}")
     check_at_least("--log-every", args.log_every, 1)
     check_at_least("--max-new-tokens", args.max_new_tokens, 1)
     check_seed(args.seed)

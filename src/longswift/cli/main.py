@@ -105,6 +105,14 @@ def _add_generate(p: argparse.ArgumentParser, one_prompt: bool = True) -> None:
     )
     j = p.add_argument_group("long jobs")
     j.add_argument("--checkpoint-every", type=int, default=2048, help="tokens between checkpoints (2048)")
+    j.add_argument(
+        "--checkpoint-seconds",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="also checkpoint at least every S seconds, so a kill -9 loses at most about S seconds of generation "
+        "(per job of a batch); 0 = by tokens only (default 30)",
+    )
     if one_prompt:
         j.add_argument("--checkpoint", type=Path, help="save the job state here every N tokens and on SIGINT/SIGTERM")
         j.add_argument("--resume", action="store_true", help="continue the job saved in --checkpoint")
@@ -138,7 +146,7 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from ..api import Engine
-    from ..jobs.state import JobState, TextSink, run_job
+    from ..jobs.state import Cadence, JobState, TextSink, run_job
     from ..launch import Launch
     from ..model.checkpoint import model_dir_or_default
     from .scale import RankErrors, dry_run, one_group, shared_stop
@@ -184,7 +192,7 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 stream,
                 sink,
                 args.checkpoint if layout.is_lead else None,
-                args.checkpoint_every,
+                Cadence(args.checkpoint_every, args.checkpoint_seconds),
                 shared_stop(parallel, signals.requested, launch.device),
                 progress.update,
             )

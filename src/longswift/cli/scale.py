@@ -188,7 +188,12 @@ def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
         parallel = ranks.started(launch.start(layout))
         everyone = _everyone(layout)
         engine = Engine.launched(launch)
-        options = BatchOptions(request_from(args, "", sampling, speculation), args.checkpoint_every, args.batch_size)
+        options = BatchOptions(
+            request_from(args, "", sampling, speculation),
+            args.checkpoint_every,
+            args.batch_size,
+            args.checkpoint_seconds,
+        )
         mine = share(items, layout.group_index, layout.groups)
 
         def report(line: str) -> None:

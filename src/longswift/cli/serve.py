@@ -61,6 +61,14 @@ def add_serve_parser(p: argparse.ArgumentParser) -> None:
     )
     n.add_argument("--checkpoint-every", type=int, default=2048, help="tokens between job checkpoints (2048)")
     n.add_argument(
+        "--checkpoint-seconds",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="also checkpoint a running job at least every S seconds, so a kill -9 loses at most about S seconds "
+        "of each job; 0 = by tokens only (default 30)",
+    )
+    n.add_argument(
         "--read-timeout",
         type=float,
         default=30.0,
@@ -104,6 +112,7 @@ def serve_config(args: argparse.Namespace, model_dir: Path, embedded: bool) -> S
         max_request_bytes=args.max_request_bytes,
         jobs_dir=args.jobs_dir,
         checkpoint_every=args.checkpoint_every,
+        checkpoint_seconds=args.checkpoint_seconds,
         read_timeout=args.read_timeout,
         defaults=defaults,
     )

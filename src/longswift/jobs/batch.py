@@ -27,7 +27,7 @@ from ..errors import ConfigError, LongswiftError, OutputError, PromptError
 from ..files import atomic_write, check_directory, check_outputs, output_problem
 from ..inputs import check_seed, check_text, prompt_file_lines, undecodable
 from .request import GenerationRequest
-from .state import JobState, TextSink, run_job
+from .state import Cadence, JobState, TextSink, run_job
 
 SAFE_ID = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -51,15 +51,20 @@ class BatchItem:
 
 @dataclass(frozen=True)
 class BatchOptions:
-    """What every job of the batch shares: the request every job's is made from, and the checkpoint interval.
+    """What every job of the batch shares: the request every job's is made from, and the checkpoint cadence.
 
     A job's request is `request` with the job's prompt and its resume state, and with the prompt line's own
     `max_new_tokens` and `seed` where it has them (the template's prompt is never generated).
     """
 
     request: GenerationRequest
-    checkpoint_every: int
+    checkpoint_every: int  # tokens between a job's checkpoints
     batch_size: int = 1  # jobs decoded together in this process (batch_many.run_many); 1: one after another
+    checkpoint_seconds: float = 30.0  # and at least this often (0: by tokens only)
+
+    @property
+    def cadence(self) -> Cadence:
+        return Cadence(self.checkpoint_every, self.checkpoint_seconds)
 
     def for_item(self, item: BatchItem, resume: JobState | None) -> GenerationRequest:
         seed = item.seed if item.seed is not None else self.request.seed
@@ -166,7 +171,7 @@ class BatchRunner:
                 stream,
                 sink,
                 ckpt if self.writes else None,
-                self.options.checkpoint_every,
+                self.options.cadence,
                 self.interrupted,
                 lambda n: None,
             )

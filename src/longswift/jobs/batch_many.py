@@ -57,8 +57,7 @@ def _request(runner: BatchRunner, item: BatchItem) -> GenerationRequest:
 
 def _drive(runner: BatchRunner, items: list[BatchItem], requests: list[GenerationRequest], stream: Any) -> bool:
     sinks: dict[int, TextSink] = {}
-    since = [0] * len(items)
-    every = runner.options.checkpoint_every
+    tallies = [runner.options.cadence.tally() for _ in items]  # each job's tokens and time since its checkpoint
 
     def sink(i: int) -> TextSink:  # opened when the job first writes: a large batch holds only B files open
         if i not in sinks:
@@ -67,24 +66,25 @@ def _drive(runner: BatchRunner, items: list[BatchItem], requests: list[Generatio
             sinks[i] = (
                 TextSink.open_file(path, resume.text if resume else None) if runner.writes else TextSink(io.StringIO())
             )
+            tallies[i].reset()  # its time counts from its first text, not from the batch's start
         return sinks[i]
 
     def checkpoint(i: int) -> None:
         sink(i).sync()
         if runner.writes:
             stream.snapshot(i).save(_ckpt(runner, items[i]))
-        since[i] = 0
+        tallies[i].reset()
 
     try:
         for event in stream:
             i = event.index
             sink(i).write(event.piece.text)
-            since[i] += len(event.piece.token_ids)
+            tallies[i].add(len(event.piece.token_ids))
             if event.finished:
                 checkpoint(i)
                 sinks.pop(i).close()
                 runner.finish(items[i], _fields(runner, items[i], stream.results[i]))
-            elif since[i] >= every:
+            elif tallies[i].due():
                 checkpoint(i)
             if runner.interrupted():
                 for j in list(sinks):  # every running job, at this same step boundary

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -148,30 +149,66 @@ class TextSink:
             self._stream.close()
 
 
+@dataclass(frozen=True)
+class Cadence:
+    """When a running job is checkpointed: once `tokens` tokens or `seconds` seconds have passed since its last
+    checkpoint, whichever comes first (`seconds` 0: by tokens only). The time bound is what bounds the loss of a
+    kill -9: 2,048 tokens are minutes on a slow machine, and a batch loses them on every row."""
+
+    tokens: int = 2048
+    seconds: float = 30.0
+    clock: Callable[[], float] = time.monotonic  # a test's fake clock
+
+    def tally(self) -> Tally:
+        """A fresh count for one job, starting now."""
+        return Tally(self)
+
+
+class Tally:
+    """One job's tokens and seconds since its last checkpoint (or its start)."""
+
+    def __init__(self, cadence: Cadence) -> None:
+        self.cadence = cadence
+        self.tokens = 0
+        self.since = cadence.clock()
+
+    def add(self, tokens: int) -> None:
+        self.tokens += tokens
+
+    def due(self) -> bool:
+        """A checkpoint would save something new and the token count or the time says it is time."""
+        c = self.cadence
+        return self.tokens > 0 and (self.tokens >= c.tokens or 0 < c.seconds <= c.clock() - self.since)
+
+    def reset(self) -> None:
+        """A checkpoint was just written."""
+        self.tokens, self.since = 0, self.cadence.clock()
+
+
 def run_job(
     stream: Any,
     sink: TextSink,
     checkpoint: Path | None,
-    every: int,
+    cadence: Cadence,
     interrupted: Callable[[], bool],
     on_piece: Callable[[int], None],
 ) -> bool:
-    """Write `stream`'s pieces to `sink`, checkpointing every `every` tokens; -> False if interrupted.
+    """Write `stream`'s pieces to `sink`, checkpointing as `cadence` says; -> False if interrupted.
 
     Interruption is only acted on between pieces (step boundaries), where the snapshot is consistent; the
     final checkpoint is written after the output is synced, so it never claims text the file does not hold.
     """
-    since = 0
+    tally = cadence.tally()
     try:
         for piece in stream:
             sink.write(piece.text)
-            since += len(piece.token_ids)
+            tally.add(len(piece.token_ids))
             on_piece(len(piece.token_ids))
             stop = interrupted()
-            if checkpoint is not None and (stop or since >= every):
+            if checkpoint is not None and (stop or tally.due()):
                 sink.sync()
                 stream.snapshot().save(checkpoint)
-                since = 0
+                tally.reset()
             if stop:
                 return False
     except LongswiftError:

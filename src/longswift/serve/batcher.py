@@ -31,7 +31,7 @@ from ..api import Engine
 from ..errors import ConfigError, PromptError
 from ..jobs.request import GenerationRequest
 from ..jobs.scheduler import BatchPiece
-from ..jobs.state import JobState
+from ..jobs.state import JobState, Tally
 from .config import ServeConfig
 from .public import public_result
 from .worker import CANCELLED, Event, Failed, Finished, Job, Started, Worker, _reason, _stopped_message
@@ -45,7 +45,7 @@ class _Seat:
 
     job: Job
     path: Path | None  # its checkpoint, for a `job_id` job
-    since: int = 0  # tokens since its last checkpoint
+    tally: Tally  # tokens and time since its last checkpoint
     cancelling: bool = False
     final: Event | None = None  # what to answer instead of "cancelled" (a checkpoint that failed)
 
@@ -179,7 +179,7 @@ class BatchWorker(Worker):
             except Exception as exc:
                 self._end(w.job, self.failure(exc), running=True)
                 continue
-            seats[index] = _Seat(w.job, w.path)
+            seats[index] = _Seat(w.job, w.path, self.config.cadence.tally())
             resume = w.generation.resume
             w.job.send(Started(resume.text if resume is not None else ""))
 
@@ -201,7 +201,7 @@ class BatchWorker(Worker):
         seat = seats[bp.index]
         if bp.piece.text or bp.piece.token_ids:
             self._forward(seat.job, bp.piece)
-            seat.since += len(bp.piece.token_ids)
+            seat.tally.add(len(bp.piece.token_ids))
         if not bp.finished:
             return
         del seats[bp.index]
@@ -221,7 +221,7 @@ class BatchWorker(Worker):
 
     def _checkpoint(self, seats: dict[int, _Seat]) -> None:
         for index, seat in seats.items():
-            if seat.path is not None and not seat.cancelling and seat.since >= self.config.checkpoint_every:
+            if seat.path is not None and not seat.cancelling and seat.tally.due():
                 if not self._save(index, seat):
                     seat.cancelling = True
                     self._stream.cancel(index)
@@ -235,7 +235,7 @@ class BatchWorker(Worker):
         except Exception as exc:  # the jobs directory is full or unwritable
             seat.final = self.failure(exc)
             return False
-        seat.since = 0
+        seat.tally.reset()
         return True
 
     def _stop_all(self, seats: dict[int, _Seat], waiting: deque[_Waiting]) -> None:

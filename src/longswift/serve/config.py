@@ -8,6 +8,7 @@ from pathlib import Path
 from ..config import Mode, SamplingConfig, SpeculationConfig
 from ..errors import ConfigError
 from ..inputs import check_api_key
+from ..jobs.state import Cadence
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,14 @@ class ServeConfig:
     max_request_bytes: int = 8 * 1024 * 1024  # larger bodies get 413
     jobs_dir: Path | None = None  # where `job_id` requests keep their checkpoints; None: job_id is refused
     checkpoint_every: int = 2048  # tokens between checkpoints of a `job_id` request
+    checkpoint_seconds: float = 30.0  # and at least this often (0: by tokens only), to bound what a kill -9 loses
     read_timeout: float = 30.0  # seconds a client may take to send its request head, and then its body (else 408)
     defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
+
+    @property
+    def cadence(self) -> Cadence:
+        """When a running `job_id` job is checkpointed."""
+        return Cadence(self.checkpoint_every, self.checkpoint_seconds)
 
     def __post_init__(self) -> None:
         check_api_key(self.api_key)
@@ -54,6 +61,8 @@ class ServeConfig:
             raise ConfigError(f"max-request-bytes must be >= 1024, got {self.max_request_bytes}")
         if self.checkpoint_every < 1:
             raise ConfigError(f"checkpoint-every must be >= 1, got {self.checkpoint_every}")
+        if not self.checkpoint_seconds >= 0:  # NaN too
+            raise ConfigError(f"checkpoint-seconds must be >= 0 (0: by tokens only), got {self.checkpoint_seconds}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in [0, 65535], got {self.port}")
         if self.defaults.max_tokens < 1:

@@ -191,15 +191,15 @@ class Worker:
         )
         stream = self.engine.stream(replace(generation, resume=resume))
         job.send(Started(resume.text if resume is not None else ""))
-        since = 0
+        tally = self.config.cadence.tally()
         for piece in stream:
             self.metrics.step(len(piece.token_ids))  # one piece per decoding step
             self._forward(job, piece)
-            since += len(piece.token_ids)
+            tally.add(len(piece.token_ids))
             stop = job.cancelled.is_set() or self._stopping.is_set()
-            if path is not None and (stop or since >= self.config.checkpoint_every):
+            if path is not None and (stop or tally.due()):
                 stream.snapshot().save(path)
-                since = 0
+                tally.reset()
             if stop:
                 return Failed(503, _stopped_message(req.job_id)) if self._stopping.is_set() else CANCELLED
         if path is not None:
