@@ -2,14 +2,16 @@
 
 Why one driver: the shipped model must be reproducible by anyone with the repository, in one step, in the
 documented order: corpus (download + verify + split) -> tokenizer -> base model (resumable: rerun with `--resume` after an
-interruption) -> held-out benchmark prompts -> draft heads -> model card. `python -m tools.default_model.quality`
+interruption) -> long-context training on long documents, windows 8K -> 16K (`long_context.py`, resumable the same
+way) -> held-out benchmark prompts -> draft heads -> model card. `python -m tools.default_model.quality`
 (predictability and greedy readability) and `python -m tools.default_model.long_run` (100K tokens) measure the
 result; rerun with `--only-card` afterwards so the card quotes them.
 Each stage is a plain function of the work dir, so stages run in-process, and `--steps` lets the whole chain be
 smoke-tested in a minute into a temporary directory.
 
 Run: `python -m tools.default_model.build` (defaults: work dir build/default_model/, output
-src/longswift/default_model/, ~60-80 minutes for the base model and ~15 for the heads on one CPU thread), or for a
+src/longswift/default_model/, ~140 minutes for the base model, ~60 for the long-context stages and ~15 for the heads
+on one CPU thread), or for a
 smoke test `python -m tools.default_model.build --work /tmp/dm --out /tmp/dm/model --steps 5` (tiny heads run too).
 `--only-heads` retrains only the draft heads on the existing base model and re-renders the card; `--only-card`
 only re-renders the card (after `python -m tools.default_model.long_run` has measured the 100K-token run).
@@ -28,6 +30,7 @@ from .corpus import DEFAULT_VALID_FRACTION, DEFAULT_WORK, build_corpus
 from .heads import HEADS_FILE, HeadsSettings, add_heads_flags, train_default_heads
 from .heads import METRICS_FILE as HEADS_METRICS_FILE
 from .heads import settings_from_args as heads_settings_from_args
+from .long_context import add_long_flags, long_settings_from_args, train_long
 from .model_card import write_model_card
 from .prompts import write_prompts
 from .tokenizer import train_tokenizer
@@ -71,6 +74,8 @@ def build(args: argparse.Namespace) -> None:
         build_corpus(args.work, args.cache, args.valid_fraction)
         train_tokenizer(args.work)
         train_base(args.work, args.out, settings_from_args(args), resume=args.resume)
+        if not args.skip_long:
+            train_long(args.work, args.out, args.out, long_settings_from_args(args), resume=args.resume)
         write_prompts(args.work, args.out)
         if args.skip_heads and (args.out / HEADS_FILE).exists():
             (args.out / HEADS_FILE).unlink()  # heads of the previous base model; longswift would refuse them anyway
@@ -95,7 +100,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="keep the corpus, tokenizer and base model; train the heads and re-render the card")
     parser.add_argument("--only-card", action="store_true",
                         help="train nothing; re-render MODEL_CARD.md from the work dir's metrics")
+    parser.add_argument("--skip-long", action="store_true", help="no long-context stages after the base model")
     add_training_flags(parser)
+    add_long_flags(parser)
     add_heads_flags(parser)
     args = parser.parse_args(argv)
     if sum((args.only_heads, args.skip_heads, args.only_card)) > 1:

@@ -13,8 +13,13 @@ Both are measured on held-out prompts (`prompts.jsonl` beside the model: windows
 distributions computed by longswift's own sampling pipeline (`TokenChooser.distribution`), the same function
 AR decoding and TokenSwift verification use.
 
-Run: `python -m tools.default_model.quality [--model DIR] [--work build/default_model]` (writes WORK/quality.json;
-about 3 minutes on one CPU thread).
+Beyond the prompt window (`long_quality.py`): teacher-forced perplexity, top-1 accuracy and mean top-token
+probability of fixed held-out chunks placed at positions 2K / 8K / 16K / 32K, on held-out Django and on the
+Python standard library (evaluation only), and the repetition of one greedy 32K-token continuation read at 8K,
+20K and 32K tokens.
+
+Run: `python -m tools.default_model.quality [--model DIR] [--work build/default_model] [--greedy-tokens N]`
+(writes WORK/quality.json; about 20 minutes on one CPU thread, 3 with `--short`).
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ from longswift.model.checkpoint import Checkpoint, default_model_dir
 from longswift.bench.metrics import distinct_n
 from longswift.decode.sampling import TokenChooser
 
+from . import long_quality
 from .corpus import DEFAULT_WORK
+from .tokenizer import EOS_TOKEN
 
 QUALITY_FILE = "quality.json"
 PROMPT_TOKENS = 512
@@ -111,8 +118,22 @@ def greedy_check(model_dir: Path, sampling: SamplingConfig, new_tokens: int) -> 
     }
 
 
-def measure(model_dir: Path) -> dict[str, Any]:
-    """Every number of quality.json for the model in `model_dir`."""
+def long_measures(model_dir: Path, work_dir: Path, model: Any, tokenizer: Any, greedy_tokens: int) -> dict[str, Any]:
+    """Scores by position on both held-out sets, and the long greedy continuation (`long_quality.py`)."""
+    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    out: dict[str, Any] = {"positions": {}, "chunks": long_quality.CHUNKS, "chunk_tokens": long_quality.CHUNK_TOKENS}
+    for source in ("django", "stdlib"):
+        docs, about = long_quality.eval_documents(work_dir, tokenizer, source)
+        out["positions"][source] = {**about, "scores": long_quality.position_scores(model, docs, eos_id),
+                                    "reference_repetition_share": long_quality.reference_repetition(docs)}
+    if greedy_tokens:
+        out["greedy"] = long_quality.greedy_long(model_dir, GREEDY_PROMPT, greedy_tokens)
+    return out
+
+
+def measure(model_dir: Path, work_dir: Path = DEFAULT_WORK, short: bool = False,
+            greedy_tokens: int = long_quality.GREEDY_TOKENS) -> dict[str, Any]:
+    """Every number of quality.json for the model in `model_dir` (`short`: only the prompt-window measures)."""
     torch.set_num_threads(1)
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -133,6 +154,7 @@ def measure(model_dir: Path) -> dict[str, Any]:
         "greedy": [greedy_check(model_dir, SamplingConfig(), GREEDY_TOKENS),
                    greedy_check(model_dir, SamplingConfig(repetition_penalty=1.2, penalty_window=1024),
                                 GREEDY_TOKENS)],
+        **({} if short else {"long": long_measures(model_dir, work_dir, model, tokenizer, greedy_tokens)}),
         "seconds": time.perf_counter() - started,
     }
 
@@ -141,9 +163,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=None, help="model dir (default: the embedded model)")
     parser.add_argument("--work", type=Path, default=DEFAULT_WORK)
+    parser.add_argument("--short", action="store_true", help="only the prompt-window measures (no positions)")
+    parser.add_argument("--greedy-tokens", type=int, default=long_quality.GREEDY_TOKENS,
+                        help="length of the long greedy continuation (0: none)")
     args = parser.parse_args(argv)
     model_dir = args.model or default_model_dir()
-    report = measure(model_dir)
+    report = measure(model_dir, args.work, args.short, args.greedy_tokens)
     args.work.mkdir(parents=True, exist_ok=True)
     (args.work / QUALITY_FILE).write_text(json.dumps(report, indent=2) + "\n")
     sampled = report["sampled"]

@@ -66,6 +66,7 @@ class TrainSettings:
     eval_windows: int = 64
     max_minutes: float | None = None  # stop early (recorded) if the machine is much slower than measured
     save_every: int = 50  # steps between resumable training states (WORK/train_state/)
+    schedule_steps: int | None = None  # the cosine's horizon when a stage ends before it (a curriculum); default steps
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def lr_at(step: int, settings: TrainSettings) -> float:
     """Linear warmup, then cosine decay to `min_lr_ratio * lr` at the last step."""
     if step < settings.warmup_steps:
         return settings.lr * (step + 1) / settings.warmup_steps
-    span = max(1, settings.steps - settings.warmup_steps)
+    span = max(1, (settings.schedule_steps or settings.steps) - settings.warmup_steps)
     progress = min(1.0, (step - settings.warmup_steps) / span)
     floor = settings.lr * settings.min_lr_ratio
     return floor + (settings.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
@@ -254,9 +255,10 @@ def load_state(state_dir: Path, model, optimizer, generator: torch.Generator) ->
 
 
 def train(model, stream: torch.Tensor, settings: TrainSettings, state_dir: Path | None = None,
-          resume: bool = False) -> dict:
-    """The training loop, resumable from `state_dir` (saved every `save_every` steps); returns loss history
-    and timing. A resumed run draws the same batches as an uninterrupted one (the sampler's state is saved)."""
+          resume: bool = False, save_at_end: bool = False) -> dict:
+    """The training loop, resumable from `state_dir` (saved every `save_every` steps, and after the last step with
+    `save_at_end`, so that the next stage of a curriculum starts from it); returns loss history and timing. A
+    resumed run draws the same batches as an uninterrupted one (the sampler's state is saved)."""
     optimizer = make_optimizer(model, settings)
     generator = torch.Generator().manual_seed(settings.seed)
     model.train()
@@ -298,6 +300,10 @@ def train(model, stream: torch.Tensor, settings: TrainSettings, state_dir: Path 
             print(f"[train] stopping early after {step + 1} steps: over --max-minutes", flush=True)
             stopped_early = True
             break
+    if save_at_end and state_dir is not None and step + 1 > progress["step"] and (step + 1) % settings.save_every:
+        save_state(state_dir, model, optimizer, generator,
+                   {"step": step + 1, "history": history, "seconds": time.perf_counter() - started,
+                    "window": window, "stages": stages})
     return {
         "steps_done": step + 1,
         "stopped_early": stopped_early,

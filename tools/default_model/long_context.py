@@ -1,0 +1,184 @@
+"""Long-context training of the embedded model: continue the base model on long documents, windows 8K -> 16K.
+
+Why: the base model (`train_base.py`) learns Python on 2,048- and 4,096-token windows of single files, and past
+that window it loses the thread (held-out top-1 accuracy at position 32K was 67% of its value at 2K). The big
+models this method is for get their long context the same way: a short-window pretraining, then a short
+continued training on long documents with growing windows (Llama 3.1: 8K -> 128K in six stages; Qwen2.5: 4K ->
+32K). Here the documents are whole Django units joined in path order (`long_docs.py`, 16K-64K tokens each) and
+the curriculum is a list of (window, steps) stages under ONE cosine schedule, so the learning rate does not jump
+between stages.
+
+RoPE: the base already uses theta = 1e6, Qwen2.5's value for its 32K-window training (Llama 3.1 uses 5e5 plus
+frequency scaling for 128K). With head_dim 32 the slowest of its 16 frequencies has a wavelength of ~4M
+positions, so every position up to 131,072 keeps a distinct rotation; what the base model lacked is training at
+those distances, not a larger base, so the base is kept (and the shipped config stays a plain Llama config).
+
+Resumable like the base training: the state (weights, AdamW moments, sampler) is saved every `--save-every`
+steps and at the end of each stage in WORK/long_state/; rerun the same command with `--resume` after an
+interruption. The starting weights are the model in `--init` (by default `--out`, i.e. the base model that
+`train_base.py` just wrote), upcast to fp32.
+
+Run: `python -m tools.default_model.long_context --work build/default_model --init src/longswift/default_model
+--out build/long/model` (defaults: 180 steps of 8,192 then 110 of 16,384 tokens, ~60 min on one thread of a
+2-core Xeon with AMX).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from .corpus import DEFAULT_WORK
+from .long_docs import build_long_docs, read_units, write_long_docs
+from .tokenizer import EOS_TOKEN
+from .train_base import DEFAULT_OUT, TrainSettings, encode_stream, evaluate, save_model, set_seeds, tokens_seen, train
+
+STATE_DIR = "long_state"
+METRICS_FILE = "long_metrics.json"
+TRAIN_DOCS = "long_train.jsonl"
+VALID_DOCS = "long_valid.jsonl"
+DEFAULT_STAGES = ((8192, 180), (16384, 110))
+
+
+@dataclass(frozen=True)
+class LongSettings:
+    """The long-context curriculum: stages of (window tokens, steps), one warm-up and one cosine over all."""
+
+    stages: tuple[tuple[int, int], ...] = DEFAULT_STAGES
+    lr: float = 6e-4
+    warmup_steps: int = 20
+    seed: int = 4321
+    save_every: int = 10
+    eval_windows: int = 12
+    max_minutes: float | None = None
+
+    def stage_settings(self) -> list[TrainSettings]:
+        """One TrainSettings per stage: it trains to its cumulative end step, on the common schedule."""
+        total = sum(steps for _, steps in self.stages)
+        out, end = [], 0
+        for seq_len, steps in self.stages:
+            end += steps
+            out.append(TrainSettings(steps=end, seq_len=seq_len, batch_size=1, lr=self.lr,
+                                     warmup_steps=self.warmup_steps, seed=self.seed, log_every=5,
+                                     eval_windows=self.eval_windows, save_every=self.save_every,
+                                     max_minutes=self.max_minutes, schedule_steps=total))
+        return out
+
+
+def parse_stages(text: str) -> tuple[tuple[int, int], ...]:
+    """'8192:180,16384:110' -> ((8192, 180), (16384, 110))."""
+    try:
+        stages = tuple((int(w), int(s)) for w, s in (part.split(":") for part in text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--stages {text!r}: expected WINDOW:STEPS[,WINDOW:STEPS...]") from None
+    if not stages or any(w < 2 or s < 1 for w, s in stages):
+        raise argparse.ArgumentTypeError(f"--stages {text!r}: windows >= 2 tokens, steps >= 1")
+    return stages
+
+
+def long_streams(work_dir: Path, tokenizer, eos_id: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Build (and write) the long training and held-out documents; return their token streams and counts."""
+
+    def count(text: str) -> int:
+        return len(tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids)
+
+    counts: dict = {}
+    streams = []
+    for source, name in (("train.jsonl", TRAIN_DOCS), ("valid.jsonl", VALID_DOCS)):
+        docs = build_long_docs(read_units(work_dir / source), count)
+        write_long_docs(work_dir / name, docs)
+        stream = encode_stream(tokenizer, [doc.text for doc in docs], eos_id)
+        lengths = sorted(count(doc.text) for doc in docs)
+        counts[name] = {"documents": len(docs), "tokens": len(stream), "median_doc_tokens": lengths[len(lengths) // 2],
+                        "min_doc_tokens": lengths[0], "max_doc_tokens": lengths[-1]}
+        streams.append(stream)
+        print(f"[long] {name}: {len(docs)} documents, {len(stream):,} tokens (median {counts[name]['median_doc_tokens']:,})",
+              flush=True)
+    return streams[0], streams[1], counts
+
+
+def train_long(work_dir: Path, init_dir: Path, out_dir: Path, settings: LongSettings = LongSettings(),
+               resume: bool = False) -> dict:
+    """Continue `init_dir`'s model through the curriculum; save to `out_dir`; write WORK/long_metrics.json."""
+    wall_start = time.perf_counter()
+    torch.set_num_threads(1)
+    set_seeds(settings.seed)
+    tokenizer_dir = work_dir / "tokenizer"
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    train_stream, valid_stream, counts = long_streams(work_dir, tokenizer, eos_id)
+    model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32, attn_implementation="sdpa")
+    init_loss = {seq: evaluate(model, valid_stream, seq, settings.eval_windows, True)[0] for seq in (4096, 16384)}
+    print(f"[long] start: held-out loss {init_loss}", flush=True)
+    state_dir = work_dir / STATE_DIR
+    run: dict = {}
+    for index, stage in enumerate(settings.stage_settings()):
+        print(f"[long] stage {index + 1}: windows of {stage.seq_len:,} tokens to step {stage.steps}", flush=True)
+        run = train(model, train_stream, stage, state_dir, resume=resume or index > 0, save_at_end=True)
+        if run["stopped_early"]:
+            break
+    size = save_model(model, tokenizer_dir, out_dir, eos_id)
+    shipped = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32)
+    final_loss = {seq: evaluate(shipped, valid_stream, seq, settings.eval_windows, True)[0] for seq in (4096, 16384)}
+    metrics = {
+        "init": str(init_dir),
+        "settings": {**asdict(settings), "stages": [list(s) for s in settings.stages]},
+        "documents": counts,
+        "steps_done": run["steps_done"],
+        "stopped_early": run["stopped_early"],
+        "tokens_seen": tokens_seen(run["stages"], run["steps_done"]),
+        "stages": run["stages"],
+        "train_seconds": run["train_seconds"],
+        "wall_seconds": time.perf_counter() - wall_start,
+        "final_train_loss": run["final_train_loss"],
+        "loss_history": run["history"],
+        "valid_loss_before": init_loss,
+        "valid_loss_after": final_loss,
+        "valid_perplexity_after": {seq: math.exp(loss) for seq, loss in final_loss.items()},
+        "model_bytes": size,
+        "command": shlex.join(sys.orig_argv),
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    (work_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
+    print(f"[long] done: held-out loss {init_loss} -> {final_loss}, {size / 2**20:.1f} MiB in {out_dir}", flush=True)
+    return metrics
+
+
+def add_long_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags shared with build.py."""
+    defaults = LongSettings()
+    parser.add_argument("--stages", type=parse_stages, default=defaults.stages,
+                        help="long-context curriculum WINDOW:STEPS,... (default 8192:180,16384:110)")
+    parser.add_argument("--long-lr", type=float, default=defaults.lr)
+    parser.add_argument("--long-max-minutes", type=float, default=None)
+
+
+def long_settings_from_args(args: argparse.Namespace) -> LongSettings:
+    return replace(LongSettings(), stages=args.stages, lr=args.long_lr, max_minutes=args.long_max_minutes)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, default=DEFAULT_WORK)
+    parser.add_argument("--init", type=Path, default=None, help="starting model directory (default: --out)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--resume", action="store_true", help="continue from WORK/long_state/ if it exists")
+    add_long_flags(parser)
+    args = parser.parse_args(argv)
+    train_long(args.work, args.init or args.out, args.out, long_settings_from_args(args), args.resume)
+
+
+if __name__ == "__main__":
+    main()
