@@ -65,8 +65,9 @@ def test_a_curriculum_stage_resumes_from_the_last_step_of_the_previous_one(tmp_p
     config = train_base.build_config(train_base.ModelShape(32, 64, 2, 2, 1), vocab_size=97, eos_id=0)
     stream = torch.randint(0, 97, (4000,), generator=torch.Generator().manual_seed(0))
     settings = long_context.LongSettings(stages=((16, 3), (32, 2)), warmup_steps=1, save_every=2)
-    first, second = (train_base.TrainSettings(**{**s.__dict__, "bf16": False, "log_every": 100})
-                     for s in settings.stage_settings())
+    first, second = (
+        train_base.TrainSettings(**{**s.__dict__, "bf16": False, "log_every": 100}) for s in settings.stage_settings()
+    )
     model, state = train_base.build_model(config, 1), tmp_path / "state"
     train_base.train(model, stream, first, state, save_at_end=True)
     assert json.loads((state / "state.json").read_text())["progress"]["step"] == 3  # not only the step-2 save
