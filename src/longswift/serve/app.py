@@ -103,7 +103,7 @@ def _check_model(name: str, served: str) -> None:
 
 async def _answer(worker: Worker, request: Request, req: ServeRequest, fmt: Formatter) -> Response:
     """Queue the job, wait until it starts (or fails), then stream it or collect it."""
-    job = worker.submit(req, asyncio.get_running_loop(), getattr(request.state, "received", None))
+    job = await worker.admit(req, getattr(request.state, "received", None))
     watcher = asyncio.create_task(_cancel_on_disconnect(request.receive, job))
     try:
         first = await job.events.get()

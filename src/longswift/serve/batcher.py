@@ -1,6 +1,6 @@
 """Many generations at once (`--max-batch N`, N > 1): one thread owns one open `BatchStream` of N rows.
 
-The thread loops: take newly admitted requests (checked at once, so a bad one is answered 400 without waiting),
+The thread loops: take newly admitted requests (checked before they were admitted: `check`, run off this thread),
 give free rows to waiting ones first come first served, tell the stream which clients left, run one round
 (`prefill_round`: one 512-token prefill chunk of a joining request, whose last chunk's logits give its first
 token, sent at once; `step_round`: one batched step of the running ones), forward every piece to its client, and
@@ -33,6 +33,7 @@ from ..jobs.request import GenerationRequest
 from ..jobs.scheduler import BatchPiece
 from ..jobs.state import JobState, Tally
 from .config import ServeConfig
+from .protocol import ServeRequest
 from .public import public_result
 from .worker import CANCELLED, Event, Failed, Finished, Job, Started, Worker, _reason, _stopped_message
 
@@ -131,7 +132,7 @@ class BatchWorker(Worker):
                 self._checkpoint(seats)
 
     def _take(self, waiting: deque[_Waiting], block: bool) -> None:
-        """Move admitted jobs from the inbox to `waiting`, each checked now (a bad request is answered at once)."""
+        """Move admitted jobs from the inbox to `waiting`, each with its checkpoint (a bad one is answered at once)."""
         try:
             job = self._inbox.get(timeout=0.1) if block else self._inbox.get_nowait()
         except queue.Empty:
@@ -149,19 +150,25 @@ class BatchWorker(Worker):
             except queue.Empty:
                 return
 
+    def check(self, request: ServeRequest) -> ServeRequest:
+        """`Worker.check`, and the request fits a row of this server's batch."""
+        checked = super().check(request)
+        n, new = len(checked.generation.prompt), checked.generation.max_new_tokens
+        if n + new > self.context:
+            raise PromptError(
+                f"prompt ({n:,} tokens) + max_tokens ({new:,}) exceeds this server's "
+                f"{self.context:,} tokens per request (--max-context, with --max-batch {self.rows})"
+            )
+        return checked
+
     def _checked(self, job: Job) -> _Waiting:
+        """The admitted (checked) job with its `job_id` checkpoint, if any, checked against the request."""
         req = job.request
         path = self._job_path(req.job_id)
         resume = JobState.load(path) if path is not None and path.exists() else None
-        prompt = req.generation.prompt if req.messages is None else self._chat_prompt(req.messages)
-        ids = self.engine.encode(prompt if isinstance(prompt, str) else list(prompt))
-        generation = replace(req.generation, prompt=tuple(ids), resume=resume)
-        self.engine.check(generation)
-        if len(ids) + generation.max_new_tokens > self.context:
-            raise PromptError(
-                f"prompt ({len(ids):,} tokens) + max_tokens ({generation.max_new_tokens:,}) exceeds this server's "
-                f"{self.context:,} tokens per request (--max-context, with --max-batch {self.rows})"
-            )
+        generation = replace(req.generation, resume=resume)
+        if resume is not None:
+            self.engine.check(generation)
         return _Waiting(job, generation, path)
 
     def _seat(self, waiting: deque[_Waiting], seats: dict[int, _Seat]) -> None:

@@ -140,7 +140,8 @@ class Metrics:
             metric(
                 "longswift_requests_finished_total",
                 "counter",
-                "Requests that ended, by finish reason (length, eos, stop_string, cancelled, error, stopped).",
+                "Requests that ended, by finish reason (length, eos, stop_string, cancelled, error, stopped, "
+                "invalid_request: refused with 400 as they stand).",
                 [(f'{{reason="{reason}"}}', n) for reason, n in reasons],
             )
             metric("longswift_generated_tokens_total", "counter", "Tokens generated.", [("", self.tokens)])

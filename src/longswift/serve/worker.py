@@ -2,7 +2,9 @@
 cancellation, and the checkpoints of `job_id` requests. `batcher.BatchWorker` is the same with many at once.
 
 TokenSwift accelerates batch size 1, and the engine's caches belong to one job, so every generation runs on a
-single worker thread; the HTTP event loop only admits requests and forwards events. A job's events (`Started`,
+single worker thread; the HTTP event loop only admits requests and forwards events. A request is checked before it
+is admitted (`admit`: `check` off the event loop, then `submit`), so a request that could never run gets its 400
+whatever the load, and a 429 ("retry later") only ever goes to one that could. A job's events (`Started`,
 then `Piece`s, then `Finished` or `Failed`) cross to the event loop through `loop.call_soon_threadsafe`.
 Cancellation (a client gone, the server stopping) is checked between pieces, i.e. at the next decoding step; the
 stream and its caches are dropped before the job's slot is released, and the slot is released before the final
@@ -95,22 +97,43 @@ class Worker:
     def _start(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="longswift-generate")
 
-    def submit(self, request: ServeRequest, loop: asyncio.AbstractEventLoop, received: float | None = None) -> Job:
-        """Admit `request` (429 when full); `received`: when its HTTP request arrived (time.monotonic())."""
+    async def admit(self, request: ServeRequest, received: float | None = None) -> Job:
+        """`check` the request, then `submit` it: a 400 for a request no load could let run, else a 429 when full.
+
+        The check runs off the event loop (tokenizing a long prompt takes a while) and, unlike before, not on the
+        generating thread, which no request's check delays any more."""
+        try:
+            checked = await asyncio.to_thread(self.check, request)
+        except ApiError:
+            raise
+        except Exception as exc:
+            refused = self.failure(exc)  # the same answer as when the worker met the error, as it did before
+            self.metrics.finish(_reason(refused))
+            raise ApiError(refused.status, refused.message) from None
+        return self.submit(checked, asyncio.get_running_loop(), received)
+
+    def check(self, request: ServeRequest) -> ServeRequest:
+        """`request` with its prompt as token ids (a chat request's messages rendered by the chat template), checked
+        as `engine.stream` would check it: a prompt too long for the model, a seed beyond 64 bits, text that is no
+        text, tokenswift without heads raise here. A `job_id` job's checkpoint is read when the job starts."""
         if request.job_id is not None and self.config.jobs_dir is None:
             raise ApiError(400, "job_id needs a server started with --jobs-dir DIR", param="job_id")
+        prompt = request.generation.prompt if request.messages is None else self._chat_prompt(request.messages)
+        ids = self.engine.encode(prompt if isinstance(prompt, str) else list(prompt))
+        generation = replace(request.generation, prompt=tuple(ids))
+        self.engine.check(generation)
+        return replace(request, generation=generation, messages=None)
+
+    def submit(self, request: ServeRequest, loop: asyncio.AbstractEventLoop, received: float | None = None) -> Job:
+        """Admit `request`, as `check` returned it (429 when full); `received`: when its HTTP request arrived
+        (time.monotonic())."""
         with self._lock:
             if self._stopping.is_set():
                 raise ApiError(503, "the server is shutting down")
             if self._admitted >= self.rows + self.config.max_queue:
                 self.metrics.reject()
-                running = "one generation is running" if self.rows == 1 else f"{self._running} generations are running"
-                raise ApiError(
-                    429,
-                    f"server busy: {running} and {self._admitted - self._running} requests are "
-                    f"waiting (queue size {self.config.max_queue}); retry later",
-                    code="server_busy",
-                )
+                message = busy_message(self.rows, self.config.max_queue, self._admitted, self._running)
+                raise ApiError(429, message, code="server_busy")
             self._admitted += 1
         job = Job(request, loop, received)
         job.slot = QueueSlot(self._lock, self._leave)
@@ -184,12 +207,7 @@ class Worker:
         req = job.request
         path = self._job_path(req.job_id)
         resume = JobState.load(path) if path is not None and path.exists() else None
-        generation = (
-            req.generation
-            if req.messages is None
-            else replace(req.generation, prompt=tuple(self._chat_prompt(req.messages)))
-        )
-        stream = self.engine.stream(replace(generation, resume=resume))
+        stream = self.engine.stream(replace(req.generation, resume=resume))
         job.send(Started(resume.text if resume is not None else ""))
         tally = self.config.cadence.tally()
         for piece in stream:
@@ -233,12 +251,31 @@ class Worker:
 
 
 def _reason(event: Event) -> str:
-    """The finish reason `/metrics` counts a final event under."""
+    """The finish reason `/metrics` counts a final event under: a request refused as it stands (a 400: too long,
+    a bad seed, a checkpoint of other settings) is the client's `invalid_request`, not a generation `error`."""
     if isinstance(event, Finished):
         return event.result.finish_reason
     if event is CANCELLED or not isinstance(event, Failed):
         return "cancelled"
-    return "stopped" if event.status == 503 else "error"
+    if event.status == 503:
+        return "stopped"
+    return "invalid_request" if 400 <= event.status < 500 else "error"
+
+
+def busy_message(rows: int, max_queue: int, admitted: int, running: int) -> str:
+    """The 429 of a full server, in counts that add up: `admitted` = rows taken + requests waiting.
+
+    A request admitted while a row is free holds that row from then on, though it decodes only from the worker's
+    next round (or, one at a time, once the previous job has let go): its row is counted as taken ("starting"), not
+    the request as waiting, so the waiting ones never outnumber the queue.
+    """
+    taken = min(admitted, rows)
+    starting, waiting = taken - running, admitted - taken
+    if rows == 1:
+        what = "one generation is starting" if starting else "one generation is running"
+    else:
+        what = f"{taken} generations are running" + (f" ({running} decoding, {starting} starting)" if starting else "")
+    return f"server busy: {what} and {waiting} requests are waiting (queue size {max_queue}); retry later"
 
 
 def _stopped_message(job_id: str | None) -> str:
