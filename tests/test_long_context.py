@@ -95,3 +95,51 @@ def test_chunks_are_fixed_and_their_prefixes_come_from_other_documents():
     for chunk, other in pairs:
         assert len(chunk) == long_quality.CHUNK_TOKENS
         assert not set(chunk) & set(other)  # the chunk's own document is not in its prefix stream
+
+
+def test_the_card_renders_the_long_context_stages_and_the_scores_by_position():
+    from tools.default_model.model_card_long import long_context_section, long_quality_lines
+
+    long_metrics = {
+        "settings": {"stages": [[8192, 180], [16384, 110]], "warmup_steps": 20, "lr": 6e-4, "seed": 4321},
+        "documents": {
+            "long_train.jsonl": {
+                "documents": 112,
+                "min_doc_tokens": 9000,
+                "max_doc_tokens": 65000,
+                "median_doc_tokens": 27000,
+            }
+        },
+        "steps_done": 250,
+        "stopped_early": True,
+        "tokens_seen": 3_000_000,
+        "train_seconds": 4500,
+        "valid_loss_before": {"4096": 3.78, "16384": 3.94},
+        "valid_loss_after": {"4096": 3.6, "16384": 3.5},
+        "command": "python -m tools.default_model.long_context",
+    }
+    text = "\n".join(long_context_section(long_metrics))
+    assert "180 steps of 1 x 8,192 tokens, then 110 steps of 1 x 16,384 tokens" in text
+    assert "stopped at step 250 of 290" in text and "16,384-token windows 3.940 -> 3.500" in text
+    row = {"perplexity": 40.0, "top1": 0.35, "top1_share_of_2k": 0.9, "mean_top_probability": 0.45}
+    long = {
+        "chunks": 4,
+        "chunk_tokens": 512,
+        "positions": {"django": {"documents": 10, "scores": {"2048": row}, "reference_repetition_share": 0.3}},
+        "greedy": {
+            "tokens": 100,
+            "penalty": "1.2",
+            "readings": {
+                "8192": {
+                    "repetition_share": 0.25,
+                    "most_common_line_share": 0.02,
+                    "nonblank_lines": 50,
+                    "most_common_line": ")",
+                }
+            },
+        },
+    }
+    table = "\n".join(long_quality_lines(long))
+    assert "| position 2,048 | 40.0 | 0.350 | 90% | 0.450 |" in table
+    assert "first 8,192 tokens: repetition share 25%" in table and "scores 30%" in table
+    assert long_context_section(None)[-2].startswith("(none")

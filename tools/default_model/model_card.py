@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .corpus import DEFAULT_WORK
+from .model_card_long import LONG_METRICS_FILE, long_context_section, long_quality_lines
 
 DEFAULT_OUT = Path("src/longswift/default_model")
 REBUILD_COMMAND = "python -m tools.default_model.build"
@@ -232,7 +233,8 @@ def _quality_section(quality: Mapping[str, Any] | None) -> list[str]:
         lines.append(f"| {penalty} | {distinct} | {greedy['longest_repeated_line_run']} | "
                      f"{greedy['longest_blank_run']} | {greedy['most_common_line_share']:.1%} "
                      f"(`{greedy['most_common_line'].strip()[:40]}`) |")
-    return lines + ["", f"- Command: `python -m tools.default_model.quality` ({quality['seconds'] / 60:.1f} min).", ""]
+    lines += [""] + long_quality_lines(quality.get("long"))
+    return lines + [f"- Command: `python -m tools.default_model.quality` ({quality['seconds'] / 60:.1f} min).", ""]
 
 
 def _sample_section(sample_text: str | None) -> list[str]:
@@ -249,9 +251,11 @@ def render_model_card(
     heads_metrics: Mapping[str, Any] | None = None,
     long_run: Mapping[str, Any] | None = None,
     quality: Mapping[str, Any] | None = None,
+    long_metrics: Mapping[str, Any] | None = None,
 ) -> str:
     """The whole MODEL_CARD.md text (`heads_metrics`: the contents of heads_metrics.json, if the heads exist;
-    `long_run`: the contents of long_run.json, if the long-generation run was made)."""
+    `long_run`: the contents of long_run.json, if the long-generation run was made; `long_metrics`: the contents
+    of long_metrics.json, if the long-context stages ran)."""
     lines = [
         "# longswift default model",
         "",
@@ -267,6 +271,7 @@ def render_model_card(
     lines += _model_section(metrics)
     lines += _training_section(metrics)
     lines += _results_section(metrics)
+    lines += long_context_section(long_metrics)
     lines += _heads_section(head_accuracy, heads_metrics)
     lines += _quality_section(quality)
     lines += _long_run_section(long_run)
@@ -304,8 +309,10 @@ def write_model_card(
     quality = json.loads(quality_path.read_text(encoding="utf-8")) if quality_path.exists() else None
     if quality is not None:
         quality["current_model"] = _same_model(quality.get("model_fingerprint"), out_dir)
+    long_path = metrics_path.parent / LONG_METRICS_FILE
+    long_metrics = json.loads(long_path.read_text(encoding="utf-8")) if long_path.exists() else None
     path = out_dir / "MODEL_CARD.md"
-    path.write_text(render_model_card(metrics, head_accuracy, sample_text, heads, long_run, quality),
+    path.write_text(render_model_card(metrics, head_accuracy, sample_text, heads, long_run, quality, long_metrics),
                     encoding="utf-8")
     return path
 
