@@ -52,6 +52,23 @@ class NodeLogits:
         return self.all[node] if self.all is not None else self.model.logits(self.hidden[node])
 
 
+class TrieTensors:
+    """A trie's tokens (1, N), positions (N,), mask (N, N) and every node's path tokens (N, depth) on the device,
+    copied there in one transfer: on a GPU each copy of host data synchronises, so a copy per tensor (or per
+    visited node, for the penalty windows) would be a sync per node."""
+
+    def __init__(self, trie: Trie, root: int, device: torch.device) -> None:
+        n, depth = len(trie), max(trie.depths)
+        paths = [[trie.tokens[m] for m in trie.path(i)] for i in range(n)]
+        flat = trie.tokens + trie.depths + [t for path in paths for t in path + [0] * (depth - len(path))]
+        host = torch.cat([torch.tensor(flat), trie.mask("cpu").flatten().long()])
+        packed = host.to(device)
+        self.tokens = packed[:n][None]
+        self.positions = packed[n : 2 * n] + root
+        self.paths = packed[2 * n : 2 * n + n * depth].view(n, depth)
+        self.mask = packed[2 * n + n * depth :].view(n, n).bool()
+
+
 class TokenSwiftDecoder:
     """Speculative decoder: draft, reuse n-grams, choose, verify a trie over the full cache, commit the accepted
     path."""
@@ -86,6 +103,7 @@ class TokenSwiftDecoder:
         self.hindsight = Hindsight(self.controller.learn)  # candidate tries waiting for their decided tokens
         self.counts = StepCounts()
         self._root = Trie.rooted(0)  # what a plain step verifies: the root alone (its token is in the context)
+        self._trie: TrieTensors | None = None  # the verified trie's device tensors, for the walk's contexts
         self.predicted_s = 0.0
         self.measured_s = 0.0
 
@@ -192,13 +210,13 @@ class TokenSwiftDecoder:
         root = self.context.length - 1
         # Only the paper's drafter reads the root's queries (to select its partial cache at the next reselection).
         self.log = QueryLog(row=0) if self.drafter.needs_queries else None
+        self._trie = None
         if len(trie) == 1:  # the root alone is a plain AR step: same inputs, no mask, no host-to-device copies
             return self.forward(
                 self.context.ids()[root:][None], self._positions[root : root + 1], self.cache, log=self.log
             )[0]
-        tokens = torch.tensor([trie.tokens], device=device)
-        positions = trie.positions(root, device)
-        return self.forward(tokens, positions, self.cache, trie.mask(device), log=self.log)[0]
+        self._trie = TrieTensors(trie, root, device)
+        return self.forward(self._trie.tokens, self._trie.positions, self.cache, self._trie.mask, log=self.log)[0]
 
     def _context(self, trie: Trie, node: int) -> Tensor:
         """Decided ids followed by the candidate tokens on the path to `node`: what AR would have seen there."""
@@ -209,8 +227,8 @@ class TokenSwiftDecoder:
         w = self.chooser.cfg.penalty_window
         if w:
             decided = decided[-w:]
-        extra = torch.tensor([trie.tokens[n] for n in path], device=decided.device)
-        return torch.cat([decided, extra])
+        assert self._trie is not None, "a trie with more than the root was verified through TrieTensors"
+        return torch.cat([decided, self._trie.paths[node, : len(path)]])
 
     @property
     def step_accepted(self) -> list[int]:

@@ -25,13 +25,14 @@ import json
 import os
 import platform
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from .cache import KVCache
+from .compile_cache import cache_dir
 from .compiled import StaticForward, compiler_available
 from .transformer import Transformer
 
@@ -40,7 +41,6 @@ MEASURE_MAX_CONTEXT = 8192  # the measurement's cache rows: the job's mid-point 
 TIMED_STEPS = 24  # AR steps timed per forward kind; the fastest third's mean counts (noise is one-sided)
 PAD_ROWS = 256  # rows past the context: the static forward's padding must fit below the capacity
 RECORD_FILE = "compile.json"
-CACHE_DIR_ENV = "LONGSWIFT_CACHE_DIR"
 
 
 @dataclass(frozen=True)
@@ -82,14 +82,6 @@ def plan(timing: CompileTiming | None, tokens: int, eager_step_s: float) -> Comp
     if expected >= MEASURE_WHEN_EAGER_S:
         return CompilePlan("measure", f"not measured on this machine; the job is ~{expected / 60:.0f} min eager")
     return CompilePlan("eager", f"not measured on this machine; a job of ~{expected:.0f} s is too short to try")
-
-
-def cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
-    if env.get(CACHE_DIR_ENV):
-        return Path(env[CACHE_DIR_ENV])
-    base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
-    return base / "longswift"
 
 
 def record_key(model: Transformer, fingerprint: str, threads: int) -> str:

@@ -6,16 +6,20 @@ slices the cache to `end + T` rows and builds a (T, end + T) mask, both of which
 
 - the cache is written at a *tensor* of rows (`index_put_` on the whole storage, which Inductor does in place),
   not at a Python slice;
-- the keys attended are the first `keys` rows, rounded up to a bucket (`key_bucket`), and the mask that hides the
-  rows past the new block (and shapes the candidate tree inside it) is computed *inside* the graph from the rows
-  tensor, so nothing about it is a Python value;
+- the keys attended are the first `keys` rows, rounded up to a bucket (`key_bucket`), and what hides the rows past
+  the new block (and shapes the candidate tree inside it) is computed *inside* the graph from the rows tensor, so
+  nothing about it is a Python value: one bias over all the rows (`attention="bias"`, CPUs), or split-KV with
+  each split's validity a tensor (`attention="split"`, CUDA: model/attention.py says why);
 - a candidate trie is padded to a node bucket (`node_bucket`): padding nodes see only themselves, no real node
   sees them, their rows are written past the committed ones and never committed.
 
 The number of attended rows is a dynamic dimension (one graph serves every context length); the node count is
 dynamic too, with T = 1 (the AR step) compiled on its own because compilers specialise size 1. On CUDA the
 compiled step is also captured as CUDA graphs (`mode="reduce-overhead"`), one per (node bucket, key bucket),
-which is why keys are bucketed geometrically rather than per row.
+which is why keys are bucketed geometrically rather than per row (`graph_shapes` counts them for a run).
+Compiling is regional by default: each layer's two pure halves are nested compile regions, traced and compiled
+once for all layers (transformer.py: `DecoderLayer.forward`), and Inductor's caches persist on disk
+(compile_cache.py), so a compile costs about one layer and a second process starts warm.
 
 `StaticForward` is a drop-in replacement for calling the model on the full cache (verification, AR steps) and on
 the partial cache (the paper's drafting forward), with or without a `QueryLog`. What it does not cover (other
@@ -28,7 +32,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -37,12 +41,15 @@ from torch.fx.experimental import _config as fx_config
 
 from ..config import COMPILE_CHOICES
 from ..errors import ConfigError
+from .attention import Visibility, block_bias, split_count, split_plan
 from .cache import KVCache
+from .compile_cache import use_disk_caches
 from .partial_cache import PartialCache
-from .transformer import Cache, QueryLog, Transformer, Visibility
+from .transformer import Cache, QueryLog, Transformer, layer_regions
 
 NODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # verification blocks are padded up to one of these node counts
 KEY_GRANULE = 256  # attended rows are a multiple of this, and of 1/8 of their power of two above 2K rows
+ATTENTION_MODES = ("auto", "split", "bias")  # how a static forward attends its bucketed rows (model/attention.py)
 
 
 def node_bucket(n: int) -> int | None:
@@ -55,12 +62,24 @@ def key_bucket(rows: int, capacity: int) -> int:
     most 1/8 of the rows (and at least one granule), capped below the cache capacity (rows < capacity).
 
     Geometric buckets keep the number of distinct shapes (each a CUDA graph) near 8 per doubling of the context,
-    while the extra masked keys cost at most ~12% of the attention.
+    while the extra keys cost at most ~12% of the attention.
     """
     granule = max(KEY_GRANULE, 1 << max(rows.bit_length() - 4, 0))
     # Never all `capacity` rows: a compiled slice specialises on being shorter than the storage (or equal), and
     # the other case would compile a second graph.
     return min(-(-rows // granule) * granule, capacity - 1)
+
+
+def graph_shapes(steps: Iterable[tuple[int, int]], capacity: int) -> set[tuple[int, int]]:
+    """The (node bucket, key bucket) shapes a run's static forwards take, for its steps' (cached rows, nodes):
+    on CUDA each is one recorded graph. Pure bucketing, nothing compiled; steps the static path would not take
+    (no bucket, no room for the padding) are left out, as they run eagerly."""
+    shapes = set()
+    for end, nodes in steps:
+        padded = node_bucket(nodes)
+        if padded is not None and end + padded < capacity:
+            shapes.add((padded, key_bucket(end + padded, capacity)))
+    return shapes
 
 
 class Slots:
@@ -93,21 +112,6 @@ class Slots:
         pass  # the caller advances the real cache by the real node count
 
 
-def static_bias(rows: Tensor, tree: Tensor, keys: Tensor, group: int, dtype: torch.dtype) -> Tensor:
-    """rows (T,) consecutive cache rows of the new block, tree (T, T) bool, keys (L,) = arange(L) -> (group*T, L).
-
-    Key row c is visible to query i when it precedes the block, or lies in it and tree[i, c - start] holds; rows
-    after the block (stale or padding) are hidden. Every query sees at least itself (the tree's diagonal).
-    """
-    t = tree.shape[0]
-    rel = keys - rows[0]  # (L,) offset of each key row from the block's first row
-    inside = (rel >= 0) & (rel < t)
-    in_tree = tree[:, rel.clamp(0, t - 1)]  # (T, L)
-    visible = (rel < 0)[None, :] | (inside[None, :] & in_tree)
-    bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, float("-inf"))
-    return bias.repeat(group, 1) if group > 1 else bias
-
-
 def static_forward(
     model: Transformer,
     tokens: Tensor,
@@ -118,13 +122,25 @@ def static_forward(
     v: Tensor,
     keys: Tensor,
     log: QueryLog | None = None,
+    regional: bool = False,
+    splits: int = 0,
 ) -> Tensor:
     """The forward of `tokens` (1, T) at `positions` (T,), written at cache `rows` (T,), attending to the first
     keys.shape[0] rows of the cache storage k/v -> pre-norm hidden (1, T, H). Pure tensor code: this is what
-    gets compiled. `log` (the paper's drafter reads the root's queries) is filled as by the eager forward."""
+    gets compiled. `log` (the paper's drafter reads the root's queries) is filled as by the eager forward.
+
+    keys (L,) = arange(L). `splits` > 0: attend through that many splits (the split path), else through one bias
+    over all rows. `regional`: the layers' nested compile regions.
+    """
+    cfg = model.cfg
     slots = Slots(k, v, rows, keys.shape[0])
-    bias = static_bias(rows, tree, keys, model.cfg.group_size, k.dtype)
-    return model(tokens, positions, slots, log=log, vis=Visibility(bias))
+    if splits:
+        plan = split_plan(rows, tree, keys.shape[0], splits, cfg.group_size, k.dtype)
+        vis = Visibility(splits=plan, kernel=model.attention_kernel)
+    else:
+        bias = block_bias(rows, tree, keys, cfg.group_size, k.dtype)
+        vis = Visibility(bias, kernel=model.attention_kernel)
+    return model(tokens, positions, slots, log=log, vis=vis, regional=regional)
 
 
 def compiler_available() -> str | None:
@@ -158,12 +174,27 @@ class StaticForward:
     """Calls the model on a cache through static-shape graphs, compiled unless `compiled` is False (the
     same static path run eagerly, which tests use to separate padding from compilation). Same call signature as
     the model; one instance per model, reused by every generation of an engine.
+
+    `regional`: compile one decoder layer's two regions and stamp them out for every layer (a compile costs about
+    one layer; off: the whole model is traced and compiled as one). `attention`: "split" (split-KV over the
+    bucketed rows, model/attention.py), "bias" (one bias over all bucketed rows) or "auto": split on CUDA, where
+    a bias over the whole range is what made a compiled step 75x the bandwidth bound at 100K; bias on CPUs,
+    whose compiled steps were measured with it.
     """
 
-    def __init__(self, model: Transformer, compiled: bool = True) -> None:
+    def __init__(
+        self, model: Transformer, compiled: bool = True, regional: bool = True, attention: str = "auto"
+    ) -> None:
+        if attention not in ATTENTION_MODES:
+            raise ConfigError(f"unknown attention mode {attention!r}; use one of {', '.join(ATTENTION_MODES)}")
         self.model = model
         self.compiled = compiled
         self.cuda_graphs = compiled and model.device.type == "cuda"
+        self.regional = regional and hasattr(torch.compiler, "nested_compile_region")
+        if self.regional:
+            layer_regions()  # made outside the trace (see there)
+        self.attention = attention if attention != "auto" else ("split" if model.device.type == "cuda" else "bias")
+        self.splits = split_count(model.cfg.num_kv_heads) if self.attention == "split" else 0
         self.graph: Callable[..., Tensor] = static_forward
         if compiled:
             # Dynamo keys compiled code by the Python function; each model (and T = 1 vs T > 1) is one entry, and
@@ -171,8 +202,11 @@ class StaticForward:
             config = torch._dynamo.config
             limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
             setattr(config, limit, max(getattr(config, limit), 64))
+            self.cache_dir = use_disk_caches()
+            # Only the sizes marked in `_call` are dynamic (not every dimension, as dynamic=True would make them,
+            # which nested compile regions do not support and which would make the model's own sizes symbols).
             self.graph = torch.compile(
-                static_forward, dynamic=True, fullgraph=True, mode="reduce-overhead" if self.cuda_graphs else None
+                static_forward, fullgraph=True, mode="reduce-overhead" if self.cuda_graphs else None
             )
         self.compile_s = 0.0
         self.compiles = 0  # graphs compiled by this instance's warm-ups
@@ -217,22 +251,23 @@ class StaticForward:
         # Fresh tensors, not views of the callers' buffers: Dynamo guards on a view's base and dispatch keys, and
         # those differ between callers (a context buffer made outside inference mode, a temporary made in it).
         tokens, positions = tokens.clone(), positions.clone()
+        args = (
+            tokens,
+            positions,
+            rows[start : start + padded],
+            self._tree(padded, t, tree_mask, tokens.device),
+            *cache.storage(),
+            rows[:keys],
+        )
+        if self.compiled:
+            _mark_dynamic(*args, multi_node=padded > 1)
         before = compile_count() if self.compiled else 0
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
         # Without duck sizing, sizes that happen to be equal at compile time (a buffer's capacity and the cache's)
         # are not assumed equal forever, which would recompile when they differ.
         with fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]  # made by torch at import
-            hidden = self.graph(
-                self.model,
-                tokens,
-                positions,
-                rows[start : start + padded],
-                self._tree(padded, t, tree_mask, tokens.device),
-                *cache.storage(),
-                rows[:keys],
-                log,
-            )
+            hidden = self.graph(self.model, *args, log, self.regional, self.splits)
         if self.compiled:
             self.recompiles += compile_count() - before
         cache.advance(t)
@@ -291,14 +326,17 @@ class StaticForward:
         if not isinstance(cache, (KVCache, PartialCache)) or cache.batch != 1:
             return None
         padded = node_bucket(t)
-        if padded is None or cache.end + padded >= cache.capacity:  # see key_bucket
+        if padded is None:
             return None
+        if cache.end + padded >= cache.capacity or cache.capacity <= self.splits:  # see key_bucket
+            return None
+        keys = key_bucket(cache.end + padded, cache.capacity)
         if log is not None and not 0 <= log.row < t and not (log.row < 0 and padded == t):
             return None  # the logged row would be a padding row
         window = self.model.cfg.sliding_window
         if window is not None and cache.rows_are_positions and cache.end + padded > window:
             return None
-        return padded, key_bucket(cache.end + padded, cache.capacity)
+        return padded, keys
 
     def _rows(self, capacity: int) -> Tensor:
         if self._arange is None or self._arange.shape[0] < capacity:
@@ -320,9 +358,26 @@ class StaticForward:
     def stats(self) -> dict[str, Any]:
         return {
             "compiled": self.compiled,
+            "regional": self.regional,
+            "attention": self.attention,
             "compile_s": round(self.compile_s, 3),
             "compiles": self.compiles,
             "recompiles": self.recompiles,
             "static_forwards": self.calls["static"],
             "eager_forwards": self.calls["eager"],
         }
+
+
+def _mark_dynamic(
+    tokens: Tensor, positions: Tensor, rows: Tensor, tree: Tensor, k: Tensor, v: Tensor, keys: Tensor, multi_node: bool
+) -> None:
+    """The sizes one graph serves: the attended rows (so every key bucket), the storage's capacity (every cache)
+    and, for T > 1, the node count. T = 1 stays a graph of its own: compilers specialise size 1."""
+    mark = torch._dynamo.maybe_mark_dynamic
+    mark(keys, 0)
+    mark(k, 3)
+    mark(v, 3)
+    if multi_node:
+        for tensor, dims in ((tokens, (1,)), (positions, (0,)), (rows, (0,)), (tree, (0, 1))):
+            for dim in dims:
+                mark(tensor, dim)

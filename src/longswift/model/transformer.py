@@ -8,15 +8,43 @@ output *before* the final norm, because TokenSwift's draft heads read exactly th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, cast
+from collections.abc import Callable
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from .attention import (
+    CASCADE_MIN_WORK,
+    KERNELS,
+    Visibility,
+    attend,
+    attention_bias,
+    cascade_attention,
+    merge_attention,
+)
 from .rope import apply_rope, inverse_frequencies, rope_tables
+
+__all__ = [  # the attention names lived here before model/attention.py and are still imported from here
+    "CASCADE_MIN_WORK",
+    "KERNELS",
+    "MLP",
+    "Attention",
+    "Backbone",
+    "Cache",
+    "DecoderLayer",
+    "QueryLog",
+    "RMSNorm",
+    "Transformer",
+    "Visibility",
+    "attend",
+    "attention_bias",
+    "cascade_attention",
+    "layer_regions",
+    "merge_attention",
+]
 
 
 class Cache(Protocol):
@@ -61,84 +89,6 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-# On CPU a forward attends through the cascade only where that measured faster than the dense bias. One layer of
-# the embedded model (8 query / 2 KV heads, head_dim 32, fp32, one thread) broke even near new tokens x cached
-# rows = 32K (4K rows x 9 nodes 0.98x, 4K x 5 1.03x, 8K x 2 1.04x, 16K x 2 0.98x, 1K x 41 0.98x) and gained
-# 10-15% from 16K rows with 9-17 nodes; below that two kernel calls and the merge (~0.03 ms) cost more than
-# reading the bias saves. In whole decoding runs, though, the default TokenSwift configuration at 8K new tokens
-# (~9 verified nodes over 2-10K rows) ran faster with the dense bias in both benchmarks that compared them
-# (`tokenswift:attn=dense`, BENCHMARKS.md: 2.25x vs 1.59x and 2.06x vs 1.80x AR), so the cascade is kept to where
-# it gained in every measurement: >= 8 nodes x 32K rows. Every 512-token prefill chunk past 512 rows is above it.
-CASCADE_MIN_WORK = 262_144
-
-
-@dataclass(frozen=True)
-class Visibility:
-    """Which keys one forward's queries see, in the form `attend` consumes (built once per forward).
-
-    The first `shared` key rows are visible to every query and are attended without any mask; `bias` covers the
-    remaining rows: additive 0/-inf (G*T, Tk - shared), tiled for `attend`'s folded GQA layout, or None when
-    they are all visible. shared=0 with a (G*T, Tk) bias is the dense path (and the cascade's reference).
-    """
-
-    bias: Tensor | None = None
-    shared: int = 0
-
-
-def attend(q: Tensor, k: Tensor, v: Tensor, vis: Visibility) -> Tensor:
-    """q (B, Hq, T, D), k/v (B, Hkv, Tk, D), `vis` over those Tk rows -> (B, Hq, T, D).
-
-    GQA without copying keys: the G query heads sharing a KV head are consecutive, so they are folded into the
-    query-time axis and every KV head is attended once (one matmul per KV head, no repeat_kv). The bias is
-    built once per forward for that folded layout (`attention_bias`).
-    """
-    b, hq, t, d = q.shape
-    hkv = k.shape[1]
-    q = q.reshape(b, hkv, (hq // hkv) * t, d)
-    if vis.shared:
-        out = cascade_attention(q, k, v, vis.shared, vis.bias)
-    else:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=vis.bias)
-    return out.reshape(b, hq, t, d)
-
-
-def cascade_attention(q: Tensor, k: Tensor, v: Tensor, shared: int, bias: Tensor | None) -> Tensor:
-    """q (B, H, L, D), k/v (B, H, Tk, D): rows [0, shared) seen by all, bias (L, Tk - shared) or None -> (B, H, L, D).
-
-    Shared-prefix ("cascade") attention: a softmax over two disjoint key sets is the two partial softmaxes
-    reweighted by their log-sum-exps, so the long shared prefix goes through the fused kernel with no mask (no
-    L x Tk bias is built or read) and only the small block of new keys carries one. Exact up to rounding (~2e-7
-    in fp32). Uses the CPU flash kernel because it returns the log-sum-exp. Every row of `bias` must see at
-    least one key (tree and causal masks include the diagonal), else that row's block result is undefined.
-    """
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    out_prefix, lse_prefix = flash(q, k[:, :, :shared], v[:, :, :shared])
-    out_block, lse_block = flash(q, k[:, :, shared:], v[:, :, shared:], attn_mask=bias)
-    return merge_attention(out_prefix, lse_prefix, out_block, lse_block)
-
-
-def merge_attention(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tensor:
-    """out (B, H, L, D) and lse (B, H, L) fp32 over two disjoint key sets -> attention over their union (B, H, L, D).
-
-    (out_a e^lse_a + out_b e^lse_b) / (e^lse_a + e^lse_b) = lerp(out_b, out_a, sigmoid(lse_a - lse_b)): one
-    weight per row and no raw log-sum-exp is ever exponentiated, so nothing overflows. Merged in fp32.
-    """
-    weight = torch.sigmoid(lse_a - lse_b)[..., None]
-    return torch.lerp(out_b.float(), out_a.float(), weight).to(out_a.dtype)
-
-
-def attention_bias(mask: Tensor | None, group: int, dtype: torch.dtype) -> Tensor | None:
-    """mask (T, Tk) bool True=attend -> additive bias (group*T, Tk) in `dtype`, tiled for `attend`'s layout.
-
-    An additive float bias is what SDPA's fused CPU and GPU kernels consume; a boolean mask is converted inside
-    every call (measured ~35% slower on CPU), so convert and tile once per forward, not once per layer.
-    """
-    if mask is None:
-        return None
-    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-    return bias.repeat(group, 1) if group > 1 else bias
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -152,16 +102,8 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
-    def forward(
-        self,
-        x: Tensor,
-        rope: tuple[Tensor, Tensor],
-        cache: Cache,
-        layer: int,
-        vis: Visibility,
-        log: QueryLog | None = None,
-    ) -> Tensor:
-        """x (B, T, hidden) -> (B, T, hidden); this forward's keys/values go into `cache`."""
+    def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, hidden), RoPE tables -> q (B, Hq, T, D), k and v (B, Hkv, T, D), RoPE applied."""
         b, t, _ = x.shape
         d = self.cfg.head_dim
         q = self.q_proj(x).view(b, t, -1, d).transpose(1, 2)
@@ -169,11 +111,11 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, -1, d).transpose(1, 2)
         if self.cfg.qk_norm:  # Qwen3: per-head RMSNorm over head_dim, before RoPE (so cached keys are normed)
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if log is not None:
-            log.keep(layer, q)
-        k_all, v_all = cache.write(layer, k, v)
-        out = attend(q, k_all, v_all, vis)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def output(self, out: Tensor) -> Tensor:
+        """Attention output (B, Hq, T, D) -> (B, T, hidden)."""
+        b, _, t, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -204,9 +146,47 @@ class DecoderLayer(nn.Module):
         layer: int,
         vis: Visibility,
         log: QueryLog | None = None,
+        regional: bool = False,
     ) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, vis, log)
+        """x (B, T, hidden) -> (B, T, hidden); this forward's keys/values go into `cache`.
+
+        A layer is two pure tensor functions (`project`, `finish`) around the cache write and `attend`. With
+        `regional`, those two are nested compile regions (`layer_regions`): a compiled forward traces them once
+        and stamps them out for every layer, which is what makes compiling cost about one layer, not the model.
+        """
+        project, finish = (_REGIONS or layer_regions()) if regional else (DecoderLayer.project, DecoderLayer.finish)
+        q, k, v = project(self, x, *rope)
+        if log is not None:
+            log.keep(layer, q)
+        k_all, v_all = cache.write(layer, k, v)
+        return finish(self, x, attend(q, k_all, v_all, vis))
+
+    def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, hidden) -> this layer's q (B, Hq, T, D), k and v (B, Hkv, T, D)."""
+        return self.self_attn.project(self.input_layernorm(x), cos, sin)
+
+    def finish(self, x: Tensor, attn: Tensor) -> Tensor:
+        """x (B, T, hidden), attention output (B, Hq, T, D) -> the layer's output (B, T, hidden)."""
+        x = x + self.self_attn.output(attn)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+_REGIONS: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+
+
+def layer_regions() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """`DecoderLayer.project` and `.finish` as `torch.compiler.nested_compile_region`s (PyTorch's regional
+    compilation): every layer runs the same code on its own parameters, so the compiler reuses one traced and
+    compiled graph of each for all layers. Outside `torch.compile` a region is a plain call (~0.6 us).
+
+    Made once, outside any trace (Dynamo will not trace the call that makes a region): a compiled forward calls
+    this before it compiles, and traced code only reads the module's `_REGIONS`.
+    """
+    global _REGIONS
+    if _REGIONS is None:
+        region = torch.compiler.nested_compile_region
+        _REGIONS = region(DecoderLayer.project), region(DecoderLayer.finish)
+    return _REGIONS
 
 
 class Backbone(nn.Module):
@@ -233,6 +213,9 @@ class Transformer(nn.Module):
         # new tokens x cached rows from which a forward takes the cascade; None never takes it (the dense
         # reference), 0 takes it whenever there are cached rows and no window cuts them (tests)
         self.cascade_min_work: int | None = CASCADE_MIN_WORK
+        # "auto": each device's kernels and rules; "generic": plain-matmul kernels under the GPU's rules (the cascade
+        # wherever there are cached rows), which is how a CPU runs the GPU's dispatch code (model/attention.py)
+        self.attention_kernel = "auto"
 
     def setup_rope(self, device: torch.device | str) -> None:
         """Recompute RoPE frequencies on `device` (needed after building the module on the meta device)."""
@@ -255,6 +238,7 @@ class Transformer(nn.Module):
         tree_mask: Tensor | None = None,
         log: QueryLog | None = None,
         vis: Visibility | None = None,
+        regional: bool = False,
     ) -> Tensor:
         """tokens (B, T), positions (T,) -> hidden (B, T, hidden) before the final norm.
 
@@ -262,13 +246,14 @@ class Transformer(nn.Module):
         or follows `tree_mask` (T, T) bool True=attend when the new tokens form a candidate tree (every node
         must see itself). `log`, if given, receives each layer's query at `log.row`. `vis`, if given, replaces
         that rule: static-shape forwards (compiled.py) compute it from tensors instead of Python lengths.
+        `regional`: run the layers through their nested compile regions (`DecoderLayer.forward`).
         """
         x = self.model.embed_tokens(tokens)
         rope = rope_tables(self.inv_freq, self.rope_scaling, positions, x.dtype)
         if vis is None:
             vis = self.visibility(positions, cache, tree_mask, x.dtype)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, rope, cache, i, vis, log)
+            x = layer(x, rope, cache, i, vis, log, regional)
         cache.advance(tokens.shape[1])
         return x
 
@@ -279,33 +264,38 @@ class Transformer(nn.Module):
     def visibility(self, positions: Tensor, cache: Cache, tree_mask: Tensor | None, dtype: torch.dtype) -> Visibility:
         """positions (T,) of the new tokens, `cache.end` rows before them -> how every layer attends this forward.
 
-        Three paths: one token and no window cut sees everything (no mask: plain decoding's hot path); the
-        cascade (cached rows unmasked, only the (T, T) block masked) where `_cascade_pays`; else the dense
-        (T, past+T) bias.
+        Three paths (model/attention.py): one token and no window cut sees everything (no mask: plain decoding's
+        hot path); the cascade (cached rows unmasked, only the (T, T) block masked) where `_cascade_pays`; else
+        the dense (T, past+T) bias. Every path reads exactly the written rows, never a bucketed range.
         """
         t, past, window = positions.shape[0], cache.end, self.cfg.sliding_window
         windowed = window is not None and cache.rows_are_positions and past + t > window
+        kernel = self.attention_kernel
         if t == 1 and not windowed:
-            return Visibility()
+            return Visibility(kernel=kernel)
         device = positions.device
         block = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool, device=device).tril()
         group = self.cfg.group_size
         # A window that cuts into the cached rows hides different rows from different queries, so no prefix is
         # shared by all of them: that case keeps the dense path.
         if not windowed and self._cascade_pays(t, past, device):
-            return Visibility(attention_bias(block, group, dtype), shared=past)
+            return Visibility(attention_bias(block, group, dtype), shared=past, kernel=kernel)
         mask = torch.cat([torch.ones(t, past, dtype=torch.bool, device=device), block], dim=1)
         if windowed:
             key_pos = torch.cat([torch.arange(past, device=device), positions])
             mask &= (positions[:, None] - key_pos[None, :]) < cast(int, window)  # windowed: set
-        return Visibility(attention_bias(mask, group, dtype))
+        return Visibility(attention_bias(mask, group, dtype), kernel=kernel)
 
     def _cascade_pays(self, t: int, past: int, device: torch.device) -> bool:
-        """Whether T new tokens over `past` cached rows attend faster through the cascade (see CASCADE_MIN_WORK).
+        """Whether T new tokens over `past` cached rows attend faster through the cascade.
 
-        CPU only: that is where the log-sum-exp kernel is wired and measured. With no cached rows (training,
-        scoring, a first prefill chunk) there is nothing to share.
+        On a CPU, where it was measured: from CASCADE_MIN_WORK new tokens x cached rows (cascade_min_work). On a
+        GPU, always: a bias over the cached rows costs ~50x the no-mask kernel at 100K rows (model/attention.py).
+        With no cached rows (training, scoring, a first prefill chunk) there is nothing to share; a model whose
+        cascade_min_work is None never takes it (the dense reference).
         """
-        if self.cascade_min_work is None or past == 0 or device.type != "cpu":
+        if self.cascade_min_work is None or past == 0:
             return False
-        return t * past >= self.cascade_min_work
+        if device.type == "cuda" or self.attention_kernel == "generic":
+            return True
+        return device.type == "cpu" and t * past >= self.cascade_min_work
