@@ -126,7 +126,7 @@ def test_prompt_file_problems(tiny_llama, tmp_path):
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("café".encode("latin-1"))
     code, _, err = run("generate", "--model", str(tiny_llama), "--prompt-file", str(bad))
-    assert code == 2 and "is not UTF-8" in err
+    assert code == 2 and "is not valid UTF-8: byte 0xE9 at line 1, byte 4 of the line" in err
     code, _, err = run("generate", "--model", str(tiny_llama), "--prompt-file", str(tmp_path / "none.txt"))
     assert code == 2 and "prompt file not found" in err
 

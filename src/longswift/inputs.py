@@ -121,22 +121,49 @@ def check_api_key(key: str | None) -> None:
     check_text(key, "--api-key")
 
 
+def _user_file(path: Path, what: str) -> bytes:
+    """The bytes of the user's `what` ("prompt file", "prompts file"), or one clear `PromptError` for a missing,
+    unreadable or UTF-16 file (UTF-16 is refused whole: read as UTF-8, not one of its characters would be right)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise PromptError(f"{what} not found: {path}") from None
+    except OSError as exc:
+        raise PromptError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise PromptError(f"{what} {path} is UTF-16 (it starts with a UTF-16 byte-order mark); save it as UTF-8")
+    return data
+
+
+def prompt_file_text(path: Path) -> str:
+    """The text of `generate --prompt-file` (UTF-8), or one `PromptError` naming its first byte that is not UTF-8.
+
+    One byte-order mark at the very start (a file saved by a Windows editor) is dropped: it is no part of the prompt,
+    and the model would otherwise see it as text. The bad byte is named by its line (counted in newlines) and its
+    1-based byte in that line and in the file, as a hex editor or `sed -n Np` finds it.
+    """
+    data = _user_file(path, "prompt file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - data.rfind(b"\n", 0, exc.start)  # rfind is -1 on line 1: column is then start + 1
+        raise PromptError(
+            f"prompt file {path} is not valid UTF-8: byte 0x{data[exc.start]:02X} at line {line}, byte {column} of "
+            f"the line (byte {exc.start + 1} of the file); save it as UTF-8"
+        ) from None
+    return text.removeprefix("\ufeff")
+
+
 def prompt_file_lines(path: Path) -> list[str]:
-    """The lines of a prompts file (UTF-8), or one clear `PromptError` for a missing or unreadable file.
+    """The lines of a prompts file (UTF-8), or one clear `PromptError` for a missing, unreadable or UTF-16 file.
 
     A byte that is not UTF-8 spoils its own line only: it is decoded as a lone surrogate (Python's
     "surrogateescape"), which `undecodable` then names for that line, so the other lines still run. A byte-order
     mark at the start of a line (a file saved by a Windows editor, or files concatenated from such) is dropped: it is
-    no part of the JSON. A UTF-16 file is refused whole, since none of its lines could be read.
+    no part of the JSON.
     """
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise PromptError(f"prompts file not found: {path}") from None
-    except OSError as exc:
-        raise PromptError(f"cannot read prompts file {path}: {exc.strerror or exc}") from None
-    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        raise PromptError(f"prompts file {path} is UTF-16 (it starts with a UTF-16 byte-order mark); save it as UTF-8")
+    data = _user_file(path, "prompts file")
     return [line.removeprefix("\ufeff") for line in data.decode("utf-8", "surrogateescape").splitlines()]
 
 

@@ -16,7 +16,7 @@ from typing import Any, NoReturn, TextIO
 
 from ..errors import ConfigError, LongswiftError, PromptError, UsageError
 from ..files import atomic_write, check_outputs
-from ..inputs import check_job_flags, check_text
+from ..inputs import check_job_flags, check_text, prompt_file_text
 from .demo import add_demo, cmd_demo
 from .heads import add_export_heads, add_train_heads, cmd_export_heads, cmd_train_heads
 from .job import EXIT_INTERRUPTED, EXIT_USER_ERROR, Progress, StopOnSignal, compiling, summary
@@ -128,17 +128,7 @@ def _add_generate(p: argparse.ArgumentParser, one_prompt: bool = True) -> None:
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
-    if args.prompt is not None:
-        text = args.prompt
-    else:
-        try:
-            text = args.prompt_file.read_bytes().decode("utf-8")
-        except FileNotFoundError:
-            raise PromptError(f"prompt file not found: {args.prompt_file}") from None
-        except UnicodeDecodeError as exc:
-            raise PromptError(f"prompt file {args.prompt_file} is not UTF-8 (byte {exc.start})") from None
-        except OSError as exc:
-            raise PromptError(f"cannot read prompt file {args.prompt_file}: {exc.strerror}") from None
+    text = args.prompt if args.prompt is not None else prompt_file_text(args.prompt_file)
     if not text.strip():
         raise PromptError("the prompt is empty")
     return check_text(text)
@@ -146,6 +136,7 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from ..api import Engine
+    from ..jobs.result import portable_stats
     from ..jobs.state import Cadence, JobState, TextSink, run_job
     from ..launch import Launch
     from ..model.checkpoint import model_dir_or_default
@@ -208,7 +199,8 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         result = stream.result
         assert result is not None
         if args.stats_json and layout.is_lead:
-            atomic_write(args.stats_json, (json.dumps(result.stats, indent=2) + "\n").encode("utf-8"))
+            stats = portable_stats(result.stats, engine.checkpoint.path)  # as results.jsonl names the heads
+            atomic_write(args.stats_json, (json.dumps(stats, indent=2) + "\n").encode("utf-8"))
         if not args.quiet:
             err.write(summary(result.stats, result.finish_reason) + "\n")
         return 0

@@ -27,6 +27,7 @@ from ..errors import ConfigError, LongswiftError, OutputError, PromptError
 from ..files import atomic_write, check_directory, check_outputs, output_problem
 from ..inputs import check_seed, check_text, prompt_file_lines, undecodable
 from .request import GenerationRequest
+from .result import portable_stats
 from .state import Cadence, JobState, TextSink, run_job
 
 SAFE_ID = re.compile(r"[^A-Za-z0-9._-]")
@@ -192,14 +193,8 @@ class BatchRunner:
         return True
 
     def portable(self, stats: dict[str, Any]) -> dict[str, Any]:
-        """`stats` as results.jsonl keeps them: the heads file named relative to the model directory when it lies
-        inside it, else by its file name ("embedded" stays), so that the results neither depend on nor show where
-        the model and heads were installed."""
-        heads = stats.get("heads")
-        if not heads or heads == "embedded":
-            return stats
-        path, root = Path(str(heads)).resolve(), Path(self.engine.checkpoint.path).resolve()
-        return {**stats, "heads": path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name}
+        """`stats` as results.jsonl keeps them (`portable_stats`: no absolute path to the heads)."""
+        return portable_stats(stats, self.engine.checkpoint.path)
 
     def finish(self, item: BatchItem, fields: dict[str, Any]) -> None:
         """Write `item`'s result (its line of results.jsonl) and report it."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -164,6 +165,17 @@ def result_of(
     return GenerationResult(
         transcript.text, list(transcript.ids), prompt_ids, transcript.finish_reason or "", run.to_json(), margins, run
     )
+
+
+def portable_stats(stats: dict[str, Any], model_dir: str | Path) -> dict[str, Any]:
+    """`stats` as a file keeps them (results.jsonl, `generate --stats-json`): the heads file named relative to
+    `model_dir` when it lies inside it, else by its file name ("embedded" stays), so that the file neither depends on
+    nor shows where the model and heads were installed. `stats` itself is not changed."""
+    heads = stats.get("heads")
+    if not heads or heads == "embedded":
+        return stats
+    path, root = Path(str(heads)).resolve(), Path(model_dir).resolve()
+    return {**stats, "heads": path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name}
 
 
 def restore(saved: JobState, fresh: JobState, generator: torch.Generator | None, transcript: Transcript) -> None:
