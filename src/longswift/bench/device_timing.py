@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..config import ModelConfig, SamplingConfig, SpeculationConfig
-from ..decode.loop import ARDecoder
+from ..decode.loop import ARDecoder, Forward
 from ..decode.replay import ReplayDrafter
 from ..decode.sampling import TokenChooser
 from ..decode.tokenswift import TokenSwiftDecoder
 from ..model.cache import KVCache
-from ..model.compiled import StaticForward, compile_count
+from ..model.compiled import KEY_GRANULE, NODE_BUCKETS, StaticForward, compile_count
 from ..model.transformer import Transformer
 from .shapes import GPU_SHAPES, gpu_shape
 
@@ -115,39 +116,62 @@ def verify_ms(model: Transformer, forward: Any, cache: KVCache, ctx: int, n: int
     return _median_ms(times)
 
 
-def replay_speed(
-    model: Transformer, static: StaticForward, cache: KVCache, ctx: int, n: int, accepts: tuple[float, ...], depth: int
-) -> dict[str, Any]:
-    """Compiled AR vs TokenSwift with the replay drafter (synthetic acceptance) from a real prefill of `ctx`
-    random tokens, both in `cache` (the storage the compiled graphs were warmed on); whether TokenSwift's tokens
-    equal AR's (bf16: a near-tie can part them, see identity.py). The AR and verification parts at this context
-    have already compiled (and on CUDA recorded) the shapes these runs use."""
-    vocab = model.cfg.vocab_size
-    prompt = torch.randint(vocab, (ctx,), generator=torch.Generator().manual_seed(0)).tolist()
-    greedy = SamplingConfig()
-    ar_ids, ar_s, prefill_s = _decode(ARDecoder(model, TokenChooser(greedy), ctx + n + 8, static, cache), prompt, n)
-    out: dict[str, Any] = {
-        "context": ctx,
-        "tokens": n,
-        "prefill_s": round(prefill_s, 2),
-        "ar_tok_s": round(n / ar_s, 2),
-        "synthetic": "replay drafter: not a real speedup",
-    }
-    spec = SpeculationConfig(draft="fused", tree=(1,) * depth, ngram_topk=0, lookup=0, candidates="all")
-    for accept in accepts:
-        drafter = ReplayDrafter(prompt + ar_ids, accept, depth, vocab, seed=0)
-        ts = TokenSwiftDecoder(model, TokenChooser(greedy), drafter, spec, ctx + n + 8, static, cache)
-        ids, seconds, _ = _decode(ts, prompt, n)
-        first = next((i for i, (a, b) in enumerate(zip(ids, ar_ids)) if a != b), None)
-        out[f"accept_{accept}"] = {
-            "tok_s": round(n / seconds, 2),
-            "speedup_vs_ar": round(ar_s / seconds, 3),
-            "tokens_per_step": round(_mean_accepted(ts), 3),
-            "identical": first is None,
-            "first_difference": first,
+@dataclass
+class ReplayReference:
+    """Compiled greedy AR from a real prefill of `ctx` random tokens: its tokens (what the replay drafter
+    proposes), its decoding seconds and the prefill's."""
+
+    prompt: list[int]
+    ids: list[int]
+    ar_s: float
+    prefill_s: float
+
+    def summary(self) -> dict[str, Any]:
+        n = len(self.ids)
+        return {
+            "context": len(self.prompt),
+            "tokens": n,
+            "prefill_s": round(self.prefill_s, 2),
+            "ar_tok_s": round(n / self.ar_s, 2),
+            "synthetic": "replay drafter: not a real speedup",
         }
-    out["recompiles"] = static.recompiles
-    return out
+
+
+def replay_spec(depth: int) -> SpeculationConfig:
+    """What the replay runs verify: one chain of `depth` below each root, nothing else (no n-grams, no lookup)."""
+    return SpeculationConfig(draft="fused", tree=(1,) * depth, ngram_topk=0, lookup=0, candidates="all")
+
+
+def replay_reference(model: Transformer, static: Forward, cache: KVCache, ctx: int, n: int) -> ReplayReference:
+    """The AR run the replay runs are compared with, in `cache` (the storage the compiled graphs were warmed on:
+    the AR and verification parts at this context have already compiled, and on CUDA recorded, its shapes)."""
+    prompt = torch.randint(model.cfg.vocab_size, (ctx,), generator=torch.Generator().manual_seed(0)).tolist()
+    decoder = ARDecoder(model, TokenChooser(SamplingConfig()), ctx + n + 8, static, cache)
+    ids, seconds, prefill_s = _decode(decoder, prompt, n)
+    return ReplayReference(prompt, ids, seconds, prefill_s)
+
+
+def replay_run(
+    model: Transformer, static: Forward, cache: KVCache, ref: ReplayReference, accept: float, depth: int
+) -> dict[str, Any]:
+    """TokenSwift with the replay drafter at acceptance `accept` against `ref`'s AR; whether its tokens equal AR's
+    (bf16: a near-tie can part them, see identity.py)."""
+    n, ctx = len(ref.ids), len(ref.prompt)
+    drafter = ReplayDrafter(ref.prompt + ref.ids, accept, depth, model.cfg.vocab_size, seed=0)
+    ts = TokenSwiftDecoder(
+        model, TokenChooser(SamplingConfig()), drafter, replay_spec(depth), ctx + n + 8, static, cache
+    )
+    ids, seconds, prefill_s = _decode(ts, ref.prompt, n)
+    first = next((i for i, (a, b) in enumerate(zip(ids, ref.ids)) if a != b), None)
+    return {
+        "tok_s": round(n / seconds, 2),
+        "speedup_vs_ar": round(ref.ar_s / seconds, 3),
+        "tokens_per_step": round(_mean_accepted(ts), 3),
+        "identical": first is None,
+        "first_difference": first,
+        "prefill_s": round(prefill_s, 2),
+        "depth": depth,
+    }
 
 
 def _decode(decoder: Any, prompt: list[int], n: int) -> tuple[list[int], float, float]:
@@ -222,3 +246,55 @@ def _synced_now(device: torch.device) -> float:
 def _mean_accepted(decoder: Any) -> float:
     speculation = decoder.stats().speculation
     return speculation.mean_accepted if speculation is not None else 1.0
+
+
+def build_model(name: str, tiny: bool, device: torch.device, dtype: torch.dtype) -> Transformer:
+    """Our Transformer alone, of the named shape, random weights made on the device (no transformers model: what
+    a compile timing needs, the graphs not depending on the values)."""
+    cfg = ModelConfig.from_dict(gpu_shape(name, tiny))
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.setup_rope(device)
+    return model.eval().requires_grad_(False)
+
+
+def make_static(model: Transformer, compiled: bool) -> StaticForward:
+    """The engine's static forward with the engine's own defaults (model/compiled.py chooses the attention path
+    and how much to compile per device), so the check measures what a user gets."""
+    return StaticForward(model, compiled=compiled)
+
+
+def static_settings(static: StaticForward) -> dict[str, Any]:
+    """How the static forward was built: what a GPU default would be chosen from."""
+    stats = static.stats()
+    out = {k: v for k, v in stats.items() if isinstance(v, (str, bool)) or k in ("compile_s", "compiles")}
+    out.update(
+        cuda_graphs=static.cuda_graphs,
+        mode="reduce-overhead" if static.cuda_graphs else "default",
+        node_buckets=list(NODE_BUCKETS),
+        key_granule=KEY_GRANULE,
+    )
+    return out
+
+
+def bound_ms(model: Transformer, ctx: int, bandwidth_gbs: float | None) -> float | None:
+    """Bytes one AR token must read (weights, LM head, the keys and values of `ctx` rows) / bandwidth."""
+    if not isinstance(bandwidth_gbs, (int, float)):
+        return None
+    cfg = model.cfg
+    weights = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    if cfg.tie_word_embeddings:
+        weights += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * ctx * model.lm_head.weight.element_size()
+    return round((weights + kv) / (bandwidth_gbs * 1e9) * 1e3, 3)
+
+
+def weights_gb(model: Transformer) -> float:
+    """Parameter bytes (tied tensors counted once), GB."""
+    return round(sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9, 3)
