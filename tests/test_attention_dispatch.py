@@ -222,7 +222,7 @@ def test_tokenswift_and_ar_through_splits_equal_eager_ar(kernel, tiny_llama):
     )
     assert ar.token_ids == want.token_ids and ts.token_ids == want.token_ids
     assert paper.token_ids == want.token_ids[:300]
-    assert ts.stats["compile"]["attention"] == "split" and ts.stats["compile"]["eager_forwards"] == 0
+    assert ts.stats["compile"]["mode"] == "regional, split attention" and ts.stats["compile"]["eager_forwards"] == 0
 
 
 def test_seeded_sampling_through_splits_is_in_lockstep_with_eager_ar(tiny_llama):

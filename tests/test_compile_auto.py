@@ -98,3 +98,22 @@ def test_measure_times_both_forwards_at_the_requested_context(tiny_llama):
     timing = compile_auto.measure(engine.model, static, 200)
     assert timing.context == 200 and timing.eager_ms > 0 and timing.compiled_ms > 0 and timing.compile_s >= 0
     assert static.calls["static"] > 0
+
+
+def test_a_warm_record_pays_for_shorter_jobs_once_the_disk_caches_hold_the_graphs():
+    warm = CompileTiming(compile_s=40.0, eager_ms=5.0, compiled_ms=3.0, context=2048, warm_s=2.0)
+    assert plan(warm, 1001, 0.005, warm=True).action == "compile"  # 1,001 x 2 ms > 2 s
+    assert plan(warm, 1001, 0.005, warm=False).action == "eager"  # caches gone: the cold 40 s counts
+    assert plan(FAST, 1001, 0.005, warm=True).action == "eager"  # no warm time recorded yet
+    assert "(warm, from the on-disk caches)" in plan(warm, 1001, 0.005, warm=True).reason
+
+
+def test_a_compiled_job_records_its_warm_compile_and_says_why_it_compiled(engine):
+    auto = engine.auto_compile
+    auto.store.put(auto.key(), FAST)
+    assert "regional" in auto.key()  # a record of another compile mode is another machine's answer
+    static = engine._forward("auto", 10**6, 32)
+    assert static is engine._static and static.plan == auto.last.reason and "measured here" in static.plan
+    assert static.stats()["plan"] == static.plan
+    static.on_compiled(3.456)  # what its warm-up calls once it has compiled
+    assert auto.store.get(auto.key()).warm_s == 3.46 and auto.store.get(auto.key()).compile_s == 40.0

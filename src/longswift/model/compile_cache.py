@@ -1,4 +1,4 @@
-"""Where compiled decoding graphs persist between processes, and what a cold or a warm compile costs.
+"""Whether this machine can compile, where compiled graphs persist between processes, what a compile costs.
 
 A compile has two parts: Dynamo tracing the Python (seconds with regional compilation, compiled.py) and Inductor
 generating and building kernels (most of the time). Inductor keeps what it built in on-disk caches (its FX graph
@@ -16,12 +16,17 @@ of the same kind. Neither changes what is computed: a cache hit is the same gene
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from ..config import COMPILE_CHOICES
+from ..errors import ConfigError
 
 CACHE_DIR_ENV = "LONGSWIFT_CACHE_DIR"
 INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -34,6 +39,26 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path:
         return Path(env[CACHE_DIR_ENV])
     base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
     return base / "longswift"
+
+
+def compiler_available() -> str | None:
+    """None when torch.compile can generate code on this machine, else why not (one line)."""
+    if sys.platform == "win32":
+        return "torch.compile is not supported on Windows by this project"
+    if not any(shutil.which(c) for c in ("g++", "c++", "clang++", "gcc", "cc")):
+        return "no C++ compiler on PATH (Inductor builds its kernels with one)"
+    return None
+
+
+def resolve_compile(choice: str, device: torch.device) -> bool:
+    """`--compile on|off` -> whether to compile; `on` where nothing can compile is a ConfigError (one line).
+    `auto` is decided per job and per machine by measurement (compile_auto.py): here it is False."""
+    if choice not in COMPILE_CHOICES:
+        raise ConfigError(f"unknown compile choice {choice!r}; use auto, on or off")
+    reason = compiler_available()
+    if choice == "on" and reason:
+        raise ConfigError(f"--compile on: {reason}; install one or use --compile off")
+    return choice == "on"
 
 
 def use_disk_caches() -> Path:
@@ -96,11 +121,13 @@ def time_cold_and_warm(warm_up: Callable[[], float], scratch: Path) -> CompileTi
     the second run is what a new process on this machine would pay."""
     from torch._dynamo.utils import counters
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+    from torch._inductor.utils import clear_caches
 
     seconds, graphs = [], []
     with temporary_cache_dir(str(scratch)):
         for _ in range(2):
             torch._dynamo.reset()
+            clear_caches()
             before = int(counters["stats"]["unique_graphs"])
             t0 = time.perf_counter()
             warm_up()

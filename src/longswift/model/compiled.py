@@ -29,8 +29,6 @@ logged row that would be padding) runs the eager forward, which computes the sam
 
 from __future__ import annotations
 
-import shutil
-import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -39,10 +37,11 @@ import torch
 from torch import Tensor
 from torch.fx.experimental import _config as fx_config
 
-from ..config import COMPILE_CHOICES
 from ..errors import ConfigError
 from .attention import Visibility, block_bias, split_count, split_plan
 from .cache import KVCache
+from .compile_cache import compiler_available as compiler_available  # these two lived here first
+from .compile_cache import resolve_compile as resolve_compile
 from .compile_cache import use_disk_caches
 from .partial_cache import PartialCache
 from .transformer import Cache, QueryLog, Transformer, layer_regions
@@ -89,6 +88,15 @@ class Slots:
 
     def __init__(self, k: Tensor, v: Tensor, rows: Tensor, keys: int) -> None:
         self.k, self.v, self.rows, self.keys = k, v, rows, keys
+        # The scatter's indices, made once per forward: per layer only a view is taken (`_layers[layer]`), so the
+        # layers' writes share their index tensors instead of each building its own (fewer nodes to compile).
+        layers, batch, heads = k.shape[:3]
+        self._layers = torch.arange(layers, device=k.device)[:, None]
+        self._at = (
+            torch.arange(batch, device=k.device)[:, None, None],
+            torch.arange(heads, device=k.device)[None, :, None],
+            rows[None, None, :],
+        )
 
     @property
     def end(self) -> int:  # never read on this path: `static_forward` passes its own visibility
@@ -97,13 +105,7 @@ class Slots:
     def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         # index_put_ on the whole storage, not on a per-layer view: Inductor turns a view's mutation into a copy
         # of the entire buffer (measured: 1.6 ms per call for a 64K-row cache), the base's into a scatter.
-        b, h, _, _ = k.shape
-        where = (
-            torch.full_like(self.rows, layer),
-            torch.arange(b, device=k.device)[:, None, None],
-            torch.arange(h, device=k.device)[None, :, None],
-            self.rows[None, None, :],
-        )
+        where = (self._layers[layer], *self._at)
         self.k.index_put_(where, k)
         self.v.index_put_(where, v)
         return self.k[layer, :, :, : self.keys], self.v[layer, :, :, : self.keys]
@@ -143,24 +145,12 @@ def static_forward(
     return model(tokens, positions, slots, log=log, vis=vis, regional=regional)
 
 
-def compiler_available() -> str | None:
-    """None when torch.compile can generate code on this machine, else why not (one line)."""
-    if sys.platform == "win32":
-        return "torch.compile is not supported on Windows by this project"
-    if not any(shutil.which(c) for c in ("g++", "c++", "clang++", "gcc", "cc")):
-        return "no C++ compiler on PATH (Inductor builds its kernels with one)"
-    return None
-
-
-def resolve_compile(choice: str, device: torch.device) -> bool:
-    """`--compile on|off` -> whether to compile; `on` where nothing can compile is a ConfigError (one line).
-    `auto` is decided per job and per machine by measurement (compile_auto.py): here it is False."""
-    if choice not in COMPILE_CHOICES:
-        raise ConfigError(f"unknown compile choice {choice!r}; use auto, on or off")
-    reason = compiler_available()
-    if choice == "on" and reason:
-        raise ConfigError(f"--compile on: {reason}; install one or use --compile off")
-    return choice == "on"
+def compile_mode(device: torch.device, regional: bool = True, attention: str = "auto") -> str:
+    """How a static forward compiles and attends, in words ("regional, split attention"): part of
+    `--compile auto`'s record key, since each mode compiles in its own time."""
+    if attention == "auto":
+        attention = "split" if device.type == "cuda" else "bias"
+    return f"{'regional' if regional else 'whole model'}, {attention} attention"
 
 
 def compile_count() -> int:
@@ -179,11 +169,17 @@ class StaticForward:
     one layer; off: the whole model is traced and compiled as one). `attention`: "split" (split-KV over the
     bucketed rows, model/attention.py), "bias" (one bias over all bucketed rows) or "auto": split on CUDA, where
     a bias over the whole range is what made a compiled step 75x the bandwidth bound at 100K; bias on CPUs,
-    whose compiled steps were measured with it.
+    whose compiled steps were measured with it. `backend`: torch.compile's (another than Inductor separates
+    tracing from code generation when timing, or inspects the traced graph in tests).
     """
 
     def __init__(
-        self, model: Transformer, compiled: bool = True, regional: bool = True, attention: str = "auto"
+        self,
+        model: Transformer,
+        compiled: bool = True,
+        regional: bool = True,
+        attention: str = "auto",
+        backend: str | Callable[..., Any] = "inductor",
     ) -> None:
         if attention not in ATTENTION_MODES:
             raise ConfigError(f"unknown attention mode {attention!r}; use one of {', '.join(ATTENTION_MODES)}")
@@ -205,10 +201,12 @@ class StaticForward:
             self.cache_dir = use_disk_caches()
             # Only the sizes marked in `_call` are dynamic (not every dimension, as dynamic=True would make them,
             # which nested compile regions do not support and which would make the model's own sizes symbols).
-            self.graph = torch.compile(
-                static_forward, fullgraph=True, mode="reduce-overhead" if self.cuda_graphs else None
-            )
+            self.cuda_graphs = self.cuda_graphs and backend == "inductor"
+            mode = "reduce-overhead" if self.cuda_graphs else None
+            self.graph = torch.compile(static_forward, fullgraph=True, backend=backend, mode=mode)
         self.compile_s = 0.0
+        self.plan: str | None = None  # why it compiles (`--compile auto`'s reason), for its stats
+        self.on_compiled: Callable[[float], None] | None = None  # told compile_s after a warm-up compiled
         self.compiles = 0  # graphs compiled by this instance's warm-ups
         self.recompiles = 0  # graphs compiled after warm-up: should stay 0 (tests check it)
         self.calls = {"static": 0, "eager": 0}
@@ -308,10 +306,12 @@ class StaticForward:
             self.recompiles = recompiles  # compiling here is the point of warming up
             cache.rollback()
             self._warm.add((n > 1, log_row))
-        if self.compiled:
-            self.compiles += compile_count() - before
+        compiled = compile_count() - before if self.compiled else 0
+        self.compiles += compiled
         seconds = time.perf_counter() - t0
         self.compile_s += seconds
+        if compiled and self.on_compiled is not None:
+            self.on_compiled(self.compile_s)
         return seconds
 
     def _mark_static(self, cache: KVCache | PartialCache) -> None:
@@ -358,8 +358,8 @@ class StaticForward:
     def stats(self) -> dict[str, Any]:
         return {
             "compiled": self.compiled,
-            "regional": self.regional,
-            "attention": self.attention,
+            "mode": compile_mode(self.model.device, self.regional, self.attention),
+            "plan": self.plan,
             "compile_s": round(self.compile_s, 3),
             "compiles": self.compiles,
             "recompiles": self.recompiles,

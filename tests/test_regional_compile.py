@@ -1,0 +1,89 @@
+"""Regional compilation (transformer.DecoderLayer.forward, compiled.StaticForward): one layer is traced and
+compiled for all layers, and the compiled split path computes the eager forward.
+
+The structural check needs no code generation (a backend that only records the traced graph), so it runs on the
+28-layer narrow model in seconds: the regional graph holds two layer regions, called 28 times each, where the
+whole-model graph inlines every layer. Inductor's compile times of the two (cold and warm) are in the slow test.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import longswift
+from longswift import SamplingConfig, SpeculationConfig
+from longswift.model.cache import KVCache
+from longswift.model.compile_auto import compile_timing
+from longswift.model.compiled import StaticForward
+
+from .test_tokenswift import PROMPT, random_heads
+
+
+class Recorder:
+    """A torch.compile backend that keeps each traced graph and runs it as traced (no code generation)."""
+
+    def __init__(self) -> None:
+        self.graphs: list[torch.fx.GraphModule] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, inputs: list) -> object:
+        self.graphs.append(gm)
+        return gm.forward
+
+
+def traced(model, regional: bool) -> list[torch.fx.GraphModule]:
+    recorder = Recorder()
+    static = StaticForward(model, compiled=True, regional=regional, backend=recorder)
+    cache = KVCache(model.cfg, 1024)
+    cache.length = 100
+    static.warm_up(cache, max_nodes=2)  # the T = 1 and the T > 1 graphs
+    return recorder.graphs
+
+
+def region_calls(gm: torch.fx.GraphModule) -> int:
+    return sum(node.target is torch.ops.higher_order.invoke_subgraph for node in gm.graph.nodes)
+
+
+def test_regional_compilation_traces_one_layer_for_28(checkpoint_factory):
+    model = longswift.load(checkpoint_factory("llama_deep28"), heads=False, device="cpu", dtype="fp32").model
+    assert model.cfg.num_layers == 28
+    regional, whole = traced(model, True), traced(model, False)
+    assert len(regional) == len(whole) == 2  # T = 1 and T > 1: every key bucket and node count is dynamic
+    for gm_regional, gm_whole in zip(regional, whole, strict=True):
+        subgraphs = [name for name, _ in gm_regional.named_children()]
+        assert len(subgraphs) == 2, subgraphs  # DecoderLayer.project and .finish, traced once
+        assert region_calls(gm_regional) == 2 * 28
+        assert region_calls(gm_whole) == 0 and not list(gm_whole.named_children())
+        # what is left outside the regions per layer is the cache write and the attention
+        assert len(gm_regional.graph.nodes) < len(gm_whole.graph.nodes) / 2
+
+
+SPEC = SpeculationConfig(tree=(2, 1, 1), ngram_topk=2, lookup=8, draft="fused", candidates="adaptive")
+PENALTY = SamplingConfig(repetition_penalty=1.3, penalty_window=64)
+
+
+def test_compiled_regional_split_path_equals_eager(tiny_llama):
+    """Inductor, the GPU's attention mode on a CPU: identical greedy AR and TokenSwift, no recompilation."""
+    engine = longswift.load(tiny_llama, heads=random_heads(tiny_llama, 0), device="cpu", dtype="fp32")
+    engine._static = StaticForward(engine.model, compiled=True, attention="split")
+    engine.compile = "on"
+    want = engine.generate(PROMPT, 500, sampling=PENALTY, ignore_eos=True, mode="ar", compile="off")
+    ar = engine.generate(PROMPT, 500, sampling=PENALTY, ignore_eos=True, mode="ar")
+    ts = engine.generate(PROMPT, 500, sampling=PENALTY, ignore_eos=True, mode="tokenswift", speculation=SPEC)
+    assert ar.token_ids == want.token_ids and ts.token_ids == want.token_ids
+    for stats in (ar.stats["compile"], ts.stats["compile"]):
+        assert stats["mode"] == "regional, split attention"
+        assert stats["recompiles"] == 0 and stats["eager_forwards"] == 0
+    assert len(ts.stats["verified_nodes"]) >= 3
+
+
+@pytest.mark.slow
+def test_regional_compiles_faster_than_the_whole_model_and_warm_faster_than_cold(checkpoint_factory):
+    """Inductor on the 28-layer narrow model, AR and verification graphs (minutes on a 2-core CPU)."""
+    model = longswift.load(checkpoint_factory("llama_deep28"), heads=False, device="cpu", dtype="fp32").model
+    regional = compile_timing(model, regional=True)
+    whole = compile_timing(model, regional=False)
+    print(f"regional {regional}\nwhole {whole}")
+    assert regional.cold_s < whole.cold_s / 2
+    assert regional.warm_s < regional.cold_s and whole.warm_s < whole.cold_s
+    torch._dynamo.reset()
