@@ -234,3 +234,14 @@ def test_seeded_sampling_through_splits_is_in_lockstep_with_eager_ar(tiny_llama)
             PROMPT, 150, sampling=sampling, seed=seed, ignore_eos=True, mode="tokenswift", speculation=SPEC
         )
         assert got.token_ids == want.token_ids, f"seed {seed}"
+
+
+def test_the_gpu_checks_of_the_dispatch_run_on_a_cpu():
+    """attention_check is what a GPU run calls; on a CPU its auto kernels are the CPU's, so it must agree."""
+    from longswift.model.attention_check import CASES, attention_ms, kernel_errors
+
+    errors = kernel_errors("cpu", torch.float32)
+    assert set(errors) == {f"{case}/{path}" for case in CASES for path in ("exact", "split")}
+    assert max(errors.values()) < TOL
+    times = attention_ms("cpu", torch.float32, heads=4, kv_heads=2, head_dim=16, contexts=(300,), nodes=(1, 5))
+    assert set(times) == {f"300/T{n}/{p}" for n in (1, 5) for p in ("dense_bias", "exact", "split")}
