@@ -58,7 +58,7 @@ def test_regional_compilation_traces_one_layer_for_28(checkpoint_factory):
         assert len(gm_regional.graph.nodes) < len(gm_whole.graph.nodes) / 2
 
 
-SPEC = SpeculationConfig(tree=(2, 1, 1), ngram_topk=2, lookup=8, draft="fused", candidates="adaptive")
+SPEC = SpeculationConfig(tree=(2, 1, 1), ngram_topk=2, lookup=8, draft="fused", candidates="all")  # every trie verified
 PENALTY = SamplingConfig(repetition_penalty=1.3, penalty_window=64)
 
 
@@ -87,3 +87,22 @@ def test_regional_compiles_faster_than_the_whole_model_and_warm_faster_than_cold
     assert regional.cold_s < whole.cold_s / 2
     assert regional.warm_s < regional.cold_s and whole.warm_s < whole.cold_s
     torch._dynamo.reset()
+
+
+def test_a_compiling_warm_up_leaves_a_mega_cache_blob_that_loads(tiny_llama, tmp_path, monkeypatch):
+    """The blob next to the on-disk caches (compile_cache.py) is written after a warm-up compiled and read back."""
+    from longswift.model import compile_cache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = longswift.load(tiny_llama, heads=False, device="cpu", dtype="fp32").model
+    static = StaticForward(model, compiled=True)
+    cache = KVCache(model.cfg, 600)
+    cache.length = 50
+    torch._dynamo.reset()  # this test's graphs compile here, whatever ran before
+    static.warm_up(cache, max_nodes=1)
+    blob = compile_cache.artifacts_path(model.device)
+    assert blob.parent == tmp_path and blob.stat().st_size > 0
+    assert compile_cache.load_artifacts(blob)
+    assert not compile_cache.load_artifacts(tmp_path / "missing.bin")
+    (tmp_path / "bad.bin").write_bytes(b"not a blob")
+    assert not compile_cache.load_artifacts(tmp_path / "bad.bin")

@@ -88,6 +88,17 @@ def load_artifacts(path: Path) -> bool:
         return False
 
 
+_loaded: set[Path] = set()
+
+
+def load_artifacts_once(device: torch.device) -> None:
+    """`load_artifacts` of this device's blob, once per process and cache directory (before its first compile)."""
+    path = artifacts_path(device)
+    if path not in _loaded:
+        _loaded.add(path)
+        load_artifacts(path)
+
+
 def save_artifacts(path: Path) -> int:
     """Write this process's compile artifacts as one blob -> its bytes (0: nothing recorded, or no room)."""
     try:

@@ -40,9 +40,9 @@ from torch.fx.experimental import _config as fx_config
 from ..errors import ConfigError
 from .attention import Visibility, block_bias, split_count, split_plan
 from .cache import KVCache
+from .compile_cache import artifacts_path, load_artifacts_once, save_artifacts, use_disk_caches
 from .compile_cache import compiler_available as compiler_available  # these two lived here first
 from .compile_cache import resolve_compile as resolve_compile
-from .compile_cache import use_disk_caches
 from .partial_cache import PartialCache
 from .transformer import Cache, QueryLog, Transformer, layer_regions
 
@@ -286,6 +286,8 @@ class StaticForward:
         t0 = time.perf_counter()
         if self.cuda_graphs:
             self._mark_static(cache)
+        if self.compiled:
+            load_artifacts_once(self.model.device)
         before = compile_count() if self.compiled else 0
         for n in (1, 2) if max_nodes > 1 else (1,):
             log = QueryLog(log_row) if log_row is not None else None
@@ -310,6 +312,8 @@ class StaticForward:
         self.compiles += compiled
         seconds = time.perf_counter() - t0
         self.compile_s += seconds
+        if compiled:
+            save_artifacts(artifacts_path(self.model.device))
         if compiled and self.on_compiled is not None:
             self.on_compiled(self.compile_s)
         return seconds
