@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from longswift.bench.device_config import GPU_CONTEXTS, SECTION_KINDS, CheckConfig
@@ -50,12 +51,13 @@ def parse(argv: list[str]) -> CheckConfig:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--child"]:  # one section, in its own process: --child CONFIG SECTION OUT LIMIT_S
+    if argv[:1] == ["--child"]:  # one section, in its own process: --child CONFIG SECTION OUT DEADLINE
         from longswift.bench.device_sections import run_section
 
-        config, section, out, limit = argv[1:5]
+        config, section, out, deadline = argv[1:5]
         cfg = CheckConfig.from_json(Path(config).read_text(encoding="utf-8"))
-        run_section(cfg, section, Path(out), float(limit) - 3.0)  # 3 s to spare before the check stops it
+        # The deadline is the check's wall clock (this process's imports already spent some of it); 3 s to spare.
+        run_section(cfg, section, Path(out), float(deadline) - time.time() - 3.0)
         return 0
     from longswift.bench.device_check import Check
 

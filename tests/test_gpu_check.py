@@ -68,7 +68,7 @@ def test_the_compile_peer_and_batched_sections_record_their_numbers(tmp_path):
 
 FAKE_CHILD = """
 import json, sys, time
-config, section, out, limit = sys.argv[1:5]
+config, section, out, deadline = sys.argv[1:5]
 write = lambda d: open(out, "w").write(json.dumps(d))
 if section == "shape:qwen2.5-1.5b":
     write({"device": "fake", "models": {"qwen2.5-1.5b": {"ar": {"64": {"bound_ms": 1.0, "compiled_ms": 1.2}}}},

@@ -118,7 +118,7 @@ class Check:
     """Runs the plan's sections in order while the budget lasts; `results` is written to `cfg.out` after each."""
 
     cfg: CheckConfig
-    child: list[str]  # argv prefix that runs one section: child + [config file, section, out file, limit]
+    child: list[str]  # argv prefix that runs one section: child + [config file, section, out file, deadline]
     root: Path = field(default_factory=Path.cwd)  # the repository (pytest and the demo run there)
     plan: list[SectionPlan] | None = None  # default: device_config.section_plan(cfg)
     min_section_s: float = MIN_SECTION_S
@@ -225,7 +225,8 @@ class Check:
         if section.kind == "demo":
             argv = [python, "-m", "longswift", "demo", "--device", self.cfg.device]
             return argv + (["--max-new-tokens", str(self.cfg.demo_tokens)] if self.cfg.demo_tokens else []), env
-        return [*self.child, str(self.config_file), section.name, str(out), f"{limit:.1f}"], env
+        deadline = f"{time.time() + limit:.1f}"  # wall clock: the section's start-up counts against its budget
+        return [*self.child, str(self.config_file), section.name, str(out), deadline], env
 
     def write(self) -> None:
         self.results["elapsed_s"] = round(time.perf_counter() - self.started, 1)
