@@ -36,12 +36,11 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from .corpus import DEFAULT_WORK
 from .long_docs import build_long_docs, read_units, write_long_docs
-from .tokenizer import EOS_TOKEN
-from .train_base import DEFAULT_OUT, TrainSettings, encode_stream, evaluate, save_model, set_seeds, tokens_seen, train
+from .train_base import DEFAULT_OUT, TrainSettings, encode_stream, evaluate, save_model, start_run, tokens_seen, train
 
 STATE_DIR = "long_state"
 METRICS_FILE = "long_metrics.json"
@@ -111,11 +110,7 @@ def train_long(work_dir: Path, init_dir: Path, out_dir: Path, settings: LongSett
                resume: bool = False) -> dict:
     """Continue `init_dir`'s model through the curriculum; save to `out_dir`; write WORK/long_metrics.json."""
     wall_start = time.perf_counter()
-    torch.set_num_threads(1)
-    set_seeds(settings.seed)
-    tokenizer_dir = work_dir / "tokenizer"
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    tokenizer_dir, tokenizer, eos_id = start_run(work_dir, settings.seed)
     train_stream, valid_stream, counts = long_streams(work_dir, tokenizer, eos_id)
     model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32, attn_implementation="sdpa")
     init_loss = {seq: evaluate(model, valid_stream, seq, settings.eval_windows, True)[0] for seq in (4096, 16384)}

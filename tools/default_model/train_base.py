@@ -31,6 +31,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -370,6 +371,16 @@ def reload_and_evaluate(out_dir: Path, valid: torch.Tensor, settings: TrainSetti
     return evaluate(model, valid, settings.seq_len, settings.eval_windows, settings.bf16)
 
 
+def start_run(work_dir: Path, seed: int) -> tuple[Path, Any, int]:
+    """The common start of a training run (base or long-context): one CPU thread, every generator seeded, and the
+    work dir's tokenizer: its directory, the tokenizer and its EOS id."""
+    torch.set_num_threads(1)
+    set_seeds(seed)
+    tokenizer_dir = work_dir / "tokenizer"
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return tokenizer_dir, tokenizer, tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+
+
 def train_base(
     work_dir: Path,
     out_dir: Path,
@@ -380,11 +391,7 @@ def train_base(
 ) -> dict:
     """Encode the corpus, train, save to `out_dir`, evaluate on held-out works, write WORK/train_metrics.json."""
     wall_start = time.perf_counter()
-    torch.set_num_threads(1)
-    set_seeds(settings.seed)
-    tokenizer_dir = work_dir / "tokenizer"
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    tokenizer_dir, tokenizer, eos_id = start_run(work_dir, settings.seed)
     train_stream = encode_stream(tokenizer, read_jsonl_texts(work_dir / "train.jsonl"), eos_id)
     valid_stream = encode_stream(tokenizer, read_jsonl_texts(work_dir / "valid.jsonl"), eos_id)
     print(f"[data] train {len(train_stream):,} tokens, valid {len(valid_stream):,} tokens", flush=True)

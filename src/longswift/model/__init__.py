@@ -7,36 +7,5 @@ Nothing here knows about decoding, jobs or front ends. The transformer's names a
 `longswift.model` was that module before the package existed.
 """
 
-from .transformer import (
-    CASCADE_MIN_WORK,
-    MLP,
-    Attention,
-    Backbone,
-    Cache,
-    DecoderLayer,
-    QueryLog,
-    RMSNorm,
-    Transformer,
-    Visibility,
-    attend,
-    attention_bias,
-    cascade_attention,
-    merge_attention,
-)
-
-__all__ = [
-    "CASCADE_MIN_WORK",
-    "MLP",
-    "Attention",
-    "Backbone",
-    "Cache",
-    "DecoderLayer",
-    "QueryLog",
-    "RMSNorm",
-    "Transformer",
-    "Visibility",
-    "attend",
-    "attention_bias",
-    "cascade_attention",
-    "merge_attention",
-]
+from .transformer import *  # noqa: F403  (the names and the list are transformer.py's: one list, kept there)
+from .transformer import __all__ as __all__
