@@ -106,3 +106,28 @@ def test_a_compiling_warm_up_leaves_a_mega_cache_blob_that_loads(tiny_llama, tmp
     assert not compile_cache.load_artifacts(tmp_path / "missing.bin")
     (tmp_path / "bad.bin").write_bytes(b"not a blob")
     assert not compile_cache.load_artifacts(tmp_path / "bad.bin")
+
+
+def test_a_split_path_that_fails_to_compile_falls_back_to_the_bias_path(tiny_llama):
+    """Where the split kernels do not compile (a GPU stack's LSE ops under Inductor), the bias path takes over,
+    and the stats say why; the output is the same."""
+    from longswift.model.compiled import static_forward
+
+    engine = longswift.load(tiny_llama, heads=False, device="cpu", dtype="fp32")
+    static = StaticForward(engine.model, compiled=False, attention="split")
+
+    def split_breaks(*args, **kwargs):
+        if args[-1]:  # the split count
+            raise RuntimeError("LoweringException: no kernel\nlong report")
+        return static_forward(*args, **kwargs)
+
+    static.graph = split_breaks
+    engine._static, engine.compile = static, "on"
+    want = engine.generate(PROMPT, 120, mode="ar", ignore_eos=True, compile="off")
+    got = engine.generate(PROMPT, 120, mode="ar", ignore_eos=True)  # a cache of more rows than splits
+    assert got.token_ids == want.token_ids
+    stats = got.stats["compile"]
+    assert stats["mode"] == "regional, bias attention" and stats["eager_forwards"] == 0
+    assert stats["fallback"].startswith(
+        "split attention failed to compile (RuntimeError: LoweringException: no kernel)"
+    )

@@ -61,6 +61,12 @@ def resolve_compile(choice: str, device: torch.device) -> bool:
     return choice == "on"
 
 
+def one_line(exc: Exception) -> str:
+    """An exception as one line for the user (Inductor's failures are multi-line reports)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first[:200]}" if first else type(exc).__name__
+
+
 def use_disk_caches() -> Path:
     """Point Inductor's on-disk caches at <cache dir>/inductor unless the user chose a directory -> the one in use.
 

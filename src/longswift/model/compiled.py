@@ -40,7 +40,7 @@ from torch.fx.experimental import _config as fx_config
 from ..errors import ConfigError
 from .attention import Visibility, block_bias, split_count, split_plan
 from .cache import KVCache
-from .compile_cache import artifacts_path, load_artifacts_once, save_artifacts, use_disk_caches
+from .compile_cache import artifacts_path, load_artifacts_once, one_line, save_artifacts, use_disk_caches
 from .compile_cache import compiler_available as compiler_available  # these two lived here first
 from .compile_cache import resolve_compile as resolve_compile
 from .partial_cache import PartialCache
@@ -205,6 +205,7 @@ class StaticForward:
             mode = "reduce-overhead" if self.cuda_graphs else None
             self.graph = torch.compile(static_forward, fullgraph=True, backend=backend, mode=mode)
         self.compile_s = 0.0
+        self.fallback: str | None = None  # why the split path was given up, if it was
         self.plan: str | None = None  # why it compiles (`--compile auto`'s reason), for its stats
         self.on_compiled: Callable[[float], None] | None = None  # told compile_s after a warm-up compiled
         self.compiles = 0  # graphs compiled by this instance's warm-ups
@@ -301,10 +302,18 @@ class StaticForward:
                 self(tokens, positions, cache, log=log)
             except Exception as exc:  # Inductor's failures are long multi-line reports; the user gets one line
                 cache.rollback()
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise ConfigError(
-                    f"compiling the decoding step failed ({type(exc).__name__}: {first[:200]}); run with --compile off"
-                ) from exc
+                if self.attention != "split":
+                    raise ConfigError(
+                        f"compiling the decoding step failed ({one_line(exc)}); run with --compile off"
+                    ) from exc
+                # The split path's kernels are the newest part (CUDA's LSE ops under Inductor): where they do
+                # not compile, the bias path does the same arithmetic; stats say so ("fallback").
+                self.fallback = f"split attention failed to compile ({one_line(exc)}); bias attention instead"
+                self.attention, self.splits = "bias", 0
+                self._warm.clear()
+                spent = time.perf_counter() - t0
+                self.compile_s += spent
+                return spent + self.warm_up(cache, max_nodes, log_row)
             self.recompiles = recompiles  # compiling here is the point of warming up
             cache.rollback()
             self._warm.add((n > 1, log_row))
@@ -364,6 +373,7 @@ class StaticForward:
             "compiled": self.compiled,
             "mode": compile_mode(self.model.device, self.regional, self.attention),
             "plan": self.plan,
+            "fallback": self.fallback,
             "compile_s": round(self.compile_s, 3),
             "compiles": self.compiles,
             "recompiles": self.recompiles,
