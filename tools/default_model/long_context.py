@@ -157,11 +157,14 @@ def add_long_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", type=parse_stages, default=defaults.stages,
                         help="long-context curriculum WINDOW:STEPS,... (default 8192:180,16384:110)")
     parser.add_argument("--long-lr", type=float, default=defaults.lr)
+    parser.add_argument("--long-warmup", type=int, default=defaults.warmup_steps,
+                        help="warm-up steps of the curriculum's one schedule (default 20)")
     parser.add_argument("--long-max-minutes", type=float, default=None)
 
 
 def long_settings_from_args(args: argparse.Namespace) -> LongSettings:
-    return replace(LongSettings(), stages=args.stages, lr=args.long_lr, max_minutes=args.long_max_minutes)
+    return replace(LongSettings(), stages=args.stages, lr=args.long_lr, warmup_steps=args.long_warmup,
+                   max_minutes=args.long_max_minutes)
 
 
 def main(argv: list[str] | None = None) -> None:
