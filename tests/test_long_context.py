@@ -61,6 +61,18 @@ def test_the_curriculum_is_one_schedule_over_its_stages():
             long_context.parse_stages(bad)
 
 
+def test_the_32k_phase_is_pinned_as_the_steps_it_ran_of_a_longer_schedule():
+    # Shipped: 42 steps of a 60-step cosine (a time limit stopped the run); pinned, the learning rate at each of
+    # those steps is the one the shipped run used, and the schedule has not reached its end.
+    (stage,) = long_context.LONG32.stage_settings()
+    assert (stage.steps, stage.seq_len, stage.schedule_steps) == (42, 32768, 60)
+    full = train_base.TrainSettings(**{**stage.__dict__, "steps": 60})
+    assert [train_base.lr_at(s, stage) for s in range(42)] == [train_base.lr_at(s, full) for s in range(42)]
+    assert train_base.lr_at(41, stage) > train_base.lr_at(59, full)
+    assert long_context.metrics_file() == long_context.METRICS_FILE
+    assert long_context.metrics_file(long_context.LONG32_TAG) == "long32_metrics.json"
+
+
 def test_a_curriculum_stage_resumes_from_the_last_step_of_the_previous_one(tmp_path):
     config = train_base.build_config(train_base.ModelShape(32, 64, 2, 2, 1), vocab_size=97, eos_id=0)
     stream = torch.randint(0, 97, (4000,), generator=torch.Generator().manual_seed(0))
@@ -121,6 +133,16 @@ def test_the_card_renders_the_long_context_stages_and_the_scores_by_position():
     text = "\n".join(long_context_section(long_metrics))
     assert "180 steps of 1 x 8,192 tokens, then 110 steps of 1 x 16,384 tokens" in text
     assert "stopped at step 250 of 290" in text and "16,384-token windows 3.940 -> 3.500" in text
+    long32 = {
+        **long_metrics,
+        "stopped_early": False,
+        "steps_done": 42,
+        "tokens_seen": 42 * 32768,
+        "settings": {"stages": [[32768, 42]], "schedule_steps": 60, "warmup_steps": 6, "lr": 3e-4, "seed": 4321},
+    }
+    later = "\n".join(long_context_section(long_metrics, [long32]))
+    assert "Then continued from that model" in later and "42 steps of 1 x 32,768 tokens" in later
+    assert "42 steps of a 60-step schedule" in later and "warm-up 6 steps, peak learning rate 0.0003" in later
     row = {"perplexity": 40.0, "top1": 0.35, "top1_share_of_2k": 0.9, "mean_top_probability": 0.45}
     long = {
         "chunks": 4,

@@ -3,16 +3,16 @@
 Why one driver: the shipped model must be reproducible by anyone with the repository, in one step, in the
 documented order: corpus (download + verify + split) -> tokenizer -> base model (resumable: rerun with `--resume` after an
 interruption) -> long-context training on long documents, windows 8K -> 16K (`long_context.py`, resumable the same
-way) -> held-out benchmark prompts -> draft heads -> model card. `python -m tools.default_model.quality`
+way) -> a second long phase on 32K windows (`long_context.LONG32`, its own state and metrics) -> held-out benchmark prompts -> draft heads -> model card. `python -m tools.default_model.quality`
 (predictability and greedy readability) and `python -m tools.default_model.long_run` (100K tokens) measure the
 result; rerun with `--only-card` afterwards so the card quotes them.
 Each stage is a plain function of the work dir, so stages run in-process, and `--steps` lets the whole chain be
 smoke-tested in a minute into a temporary directory.
 
 Run: `python -m tools.default_model.build` (defaults: work dir build/default_model/, output
-src/longswift/default_model/, ~140 minutes for the base model, ~60 for the long-context stages and ~15 for the heads
-on one CPU thread), or for a
-smoke test `python -m tools.default_model.build --work /tmp/dm --out /tmp/dm/model --steps 5` (tiny heads run too).
+src/longswift/default_model/, ~140 minutes for the base model, ~75 for the 8K -> 16K stages, ~80 for the 32K phase
+and ~10 for the heads on one CPU thread), or for a smoke test `python -m tools.default_model.build --work /tmp/dm
+--out /tmp/dm/model --steps 5 --stages 64:2 --long32-stages 128:1` (tiny heads run too).
 `--only-heads` retrains only the draft heads on the existing base model and re-renders the card; `--only-card`
 only re-renders the card (after `python -m tools.default_model.long_run` has measured the 100K-token run).
 """
@@ -20,6 +20,7 @@ only re-renders the card (after `python -m tools.default_model.long_run` has mea
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
 
@@ -30,7 +31,7 @@ from .corpus import DEFAULT_VALID_FRACTION, DEFAULT_WORK, build_corpus
 from .heads import HEADS_FILE, HeadsSettings, add_heads_flags, train_default_heads
 from .heads import METRICS_FILE as HEADS_METRICS_FILE
 from .heads import settings_from_args as heads_settings_from_args
-from .long_context import add_long_flags, long_settings_from_args, train_long
+from .long_context import LONG32, LONG32_TAG, add_long_flags, long_settings_from_args, parse_stages, train_long
 from .model_card import write_model_card
 from .prompts import write_prompts
 from .tokenizer import train_tokenizer
@@ -76,6 +77,11 @@ def build(args: argparse.Namespace) -> None:
         train_base(args.work, args.out, settings_from_args(args), resume=args.resume)
         if not args.skip_long:
             train_long(args.work, args.out, args.out, long_settings_from_args(args), resume=args.resume)
+            if args.long32_stages:
+                long32 = replace(LONG32, stages=args.long32_stages, max_minutes=args.long_max_minutes,
+                                 schedule_steps=max(LONG32.schedule_steps or 0,
+                                                    sum(steps for _, steps in args.long32_stages)))
+                train_long(args.work, args.out, args.out, long32, resume=args.resume, tag=LONG32_TAG)
         write_prompts(args.work, args.out)
         if args.skip_heads and (args.out / HEADS_FILE).exists():
             (args.out / HEADS_FILE).unlink()  # heads of the previous base model; longswift would refuse them anyway
@@ -101,6 +107,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only-card", action="store_true",
                         help="train nothing; re-render MODEL_CARD.md from the work dir's metrics")
     parser.add_argument("--skip-long", action="store_true", help="no long-context stages after the base model")
+    parser.add_argument("--long32-stages", type=lambda text: () if text == "none" else parse_stages(text),
+                        default=LONG32.stages,
+                        help="the second long phase, on the first one's result: WINDOW:STEPS,... of a "
+                             f"{LONG32.schedule_steps}-step schedule (default 32768:42, as shipped; 'none' skips it)")
     add_training_flags(parser)
     add_long_flags(parser)
     add_heads_flags(parser)

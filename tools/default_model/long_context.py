@@ -42,11 +42,13 @@ from .corpus import DEFAULT_WORK
 from .long_docs import build_long_docs, read_units, write_long_docs
 from .train_base import DEFAULT_OUT, TrainSettings, encode_stream, evaluate, save_model, start_run, tokens_seen, train
 
-STATE_DIR = "long_state"
-METRICS_FILE = "long_metrics.json"
+STATE_DIR = "long_state"  # f"{TAG}_state"
+METRICS_FILE = "long_metrics.json"  # metrics_file(TAG)
 TRAIN_DOCS = "long_train.jsonl"
 VALID_DOCS = "long_valid.jsonl"
 DEFAULT_STAGES = ((8192, 180), (16384, 110))
+TAG = "long"  # WORK/long_state/ and WORK/long_metrics.json; a second phase has its own tag (LONG32_TAG)
+LONG32_TAG = "long32"
 
 
 @dataclass(frozen=True)
@@ -60,10 +62,11 @@ class LongSettings:
     save_every: int = 10
     eval_windows: int = 12
     max_minutes: float | None = None
+    schedule_steps: int | None = None  # the cosine's horizon; default the stages' total (longer: end before it)
 
     def stage_settings(self) -> list[TrainSettings]:
         """One TrainSettings per stage: it trains to its cumulative end step, on the common schedule."""
-        total = sum(steps for _, steps in self.stages)
+        total = self.schedule_steps or sum(steps for _, steps in self.stages)
         out, end = [], 0
         for seq_len, steps in self.stages:
             end += steps
@@ -72,6 +75,12 @@ class LongSettings:
                                      eval_windows=self.eval_windows, save_every=self.save_every,
                                      max_minutes=self.max_minutes, schedule_steps=total))
         return out
+
+
+# The second phase of the shipped model (2026-12-05): continued from the finished 8K -> 16K model (saved in bf16,
+# fresh AdamW) on 32K windows with its own short warm-up. Its cosine was planned over 60 steps and a time limit
+# stopped it after 42, so it is pinned as 42 steps of a 60-step schedule: the same learning rates step for step.
+LONG32 = LongSettings(stages=((32768, 42),), lr=3e-4, warmup_steps=6, schedule_steps=60)
 
 
 def parse_stages(text: str) -> tuple[tuple[int, int], ...]:
@@ -107,15 +116,18 @@ def long_streams(work_dir: Path, tokenizer, eos_id: int) -> tuple[torch.Tensor, 
 
 
 def train_long(work_dir: Path, init_dir: Path, out_dir: Path, settings: LongSettings = LongSettings(),
-               resume: bool = False) -> dict:
-    """Continue `init_dir`'s model through the curriculum; save to `out_dir`; write WORK/long_metrics.json."""
+               resume: bool = False, tag: str = TAG) -> dict:
+    """Continue `init_dir`'s model through the curriculum; save to `out_dir`; write WORK/<tag>_metrics.json.
+
+    `tag` names the phase's resumable state (WORK/<tag>_state/) and metrics, so that a second phase on top of a
+    finished one (LONG32) neither resumes from nor overwrites the first one's."""
     wall_start = time.perf_counter()
     tokenizer_dir, tokenizer, eos_id = start_run(work_dir, settings.seed)
     train_stream, valid_stream, counts = long_streams(work_dir, tokenizer, eos_id)
     model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32, attn_implementation="sdpa")
     init_loss = {seq: evaluate(model, valid_stream, seq, settings.eval_windows, True)[0] for seq in (4096, 16384)}
     print(f"[long] start: held-out loss {init_loss}", flush=True)
-    state_dir = work_dir / STATE_DIR
+    state_dir = work_dir / f"{tag}_state"
     run: dict = {}
     for index, stage in enumerate(settings.stage_settings()):
         print(f"[long] stage {index + 1}: windows of {stage.seq_len:,} tokens to step {stage.steps}", flush=True)
@@ -126,6 +138,7 @@ def train_long(work_dir: Path, init_dir: Path, out_dir: Path, settings: LongSett
     shipped = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32)
     final_loss = {seq: evaluate(shipped, valid_stream, seq, settings.eval_windows, True)[0] for seq in (4096, 16384)}
     metrics = {
+        "tag": tag,
         "init": str(init_dir),
         "settings": {**asdict(settings), "stages": [list(s) for s in settings.stages]},
         "documents": counts,
@@ -146,9 +159,14 @@ def train_long(work_dir: Path, init_dir: Path, out_dir: Path, settings: LongSett
         "transformers_version": transformers.__version__,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    (work_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
+    (work_dir / metrics_file(tag)).write_text(json.dumps(metrics, indent=2) + "\n")
     print(f"[long] done: held-out loss {init_loss} -> {final_loss}, {size / 2**20:.1f} MiB in {out_dir}", flush=True)
     return metrics
+
+
+def metrics_file(tag: str = TAG) -> str:
+    """WORK's metrics file of the phase `tag` (long_metrics.json for the first)."""
+    return f"{tag}_metrics.json"
 
 
 def add_long_flags(parser: argparse.ArgumentParser) -> None:
@@ -159,12 +177,14 @@ def add_long_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--long-lr", type=float, default=defaults.lr)
     parser.add_argument("--long-warmup", type=int, default=defaults.warmup_steps,
                         help="warm-up steps of the curriculum's one schedule (default 20)")
+    parser.add_argument("--long-schedule", type=int, default=None,
+                        help="the cosine's horizon in steps (default: the stages' total; longer ends before it)")
     parser.add_argument("--long-max-minutes", type=float, default=None)
 
 
 def long_settings_from_args(args: argparse.Namespace) -> LongSettings:
     return replace(LongSettings(), stages=args.stages, lr=args.long_lr, warmup_steps=args.long_warmup,
-                   max_minutes=args.long_max_minutes)
+                   max_minutes=args.long_max_minutes, schedule_steps=args.long_schedule)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -172,10 +192,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=DEFAULT_WORK)
     parser.add_argument("--init", type=Path, default=None, help="starting model directory (default: --out)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--resume", action="store_true", help="continue from WORK/long_state/ if it exists")
+    parser.add_argument("--resume", action="store_true", help="continue from WORK/<tag>_state/ if it exists")
+    parser.add_argument("--tag", default=TAG,
+                        help=f"the phase's name: WORK/<tag>_state/ and its metrics file (default {TAG}; the "
+                             f"build's 32K phase is {LONG32_TAG})")
     add_long_flags(parser)
     args = parser.parse_args(argv)
-    train_long(args.work, args.init or args.out, args.out, long_settings_from_args(args), args.resume)
+    train_long(args.work, args.init or args.out, args.out, long_settings_from_args(args), args.resume, args.tag)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .corpus import DEFAULT_WORK
-from .model_card_long import LONG_METRICS_FILE, long_context_section, long_quality_lines
+from .model_card_long import LATER_PHASE_FILES, LONG_METRICS_FILE, long_context_section, long_quality_lines
 
 DEFAULT_OUT = Path("src/longswift/default_model")
 REBUILD_COMMAND = "python -m tools.default_model.build"
@@ -252,10 +252,11 @@ def render_model_card(
     long_run: Mapping[str, Any] | None = None,
     quality: Mapping[str, Any] | None = None,
     long_metrics: Mapping[str, Any] | None = None,
+    later_phases: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """The whole MODEL_CARD.md text (`heads_metrics`: the contents of heads_metrics.json, if the heads exist;
     `long_run`: the contents of long_run.json, if the long-generation run was made; `long_metrics`: the contents
-    of long_metrics.json, if the long-context stages ran)."""
+    of long_metrics.json, if the long-context stages ran; `later_phases`: those of the later phases' metrics)."""
     lines = [
         "# longswift default model",
         "",
@@ -271,7 +272,7 @@ def render_model_card(
     lines += _model_section(metrics)
     lines += _training_section(metrics)
     lines += _results_section(metrics)
-    lines += long_context_section(long_metrics)
+    lines += long_context_section(long_metrics, later_phases)
     lines += _heads_section(head_accuracy, heads_metrics)
     lines += _quality_section(quality)
     lines += _long_run_section(long_run)
@@ -312,8 +313,10 @@ def write_model_card(
     long_path = metrics_path.parent / LONG_METRICS_FILE
     long_metrics = json.loads(long_path.read_text(encoding="utf-8")) if long_path.exists() else None
     path = out_dir / "MODEL_CARD.md"
-    path.write_text(render_model_card(metrics, head_accuracy, sample_text, heads, long_run, quality, long_metrics),
-                    encoding="utf-8")
+    later = [json.loads(p.read_text(encoding="utf-8")) for p in (metrics_path.parent / n for n in LATER_PHASE_FILES)
+             if p.exists()]
+    path.write_text(render_model_card(metrics, head_accuracy, sample_text, heads, long_run, quality, long_metrics,
+                                      later), encoding="utf-8")
     return path
 
 

@@ -3,34 +3,58 @@ position and long greedy repetition (`long_quality.py`). Pure functions of the m
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 LONG_METRICS_FILE = "long_metrics.json"  # written by long_context.py
+LATER_PHASE_FILES = ("long32_metrics.json",)  # the build's later phases (long_context.LONG32), in order
 
 
-def long_context_section(long_metrics: Mapping[str, Any] | None) -> list[str]:
-    """How the base model was continued on long documents, and what it did to held-out loss."""
+def _stopped(metrics: Mapping[str, Any]) -> str:
+    """'; stopped at step D of P (time limit)' where a time limit or a longer schedule ended the phase early."""
+    settings = metrics["settings"]
+    planned = settings.get("schedule_steps") or sum(steps for _, steps in settings["stages"])
+    done = metrics["steps_done"]
+    if metrics.get("stopped_early"):
+        return f"; stopped at step {done:,} of {planned:,} (time limit)"
+    return f"; {done:,} steps of a {planned:,}-step schedule" if done < planned else ""
+
+
+def _loss_change(metrics: Mapping[str, Any]) -> str:
+    return "; ".join(f"{int(w):,}-token windows {metrics['valid_loss_before'][w]:.3f} -> "
+                     f"{metrics['valid_loss_after'][w]:.3f}" for w in metrics["valid_loss_after"])
+
+
+def _later_phase(metrics: Mapping[str, Any]) -> str:
+    settings = metrics["settings"]
+    stages = ", then ".join(f"{steps:,} steps of 1 x {window:,} tokens" for window, steps in settings["stages"])
+    return (f"- Then continued from that model (saved weights, fresh optimizer) on {stages}, warm-up "
+            f"{settings['warmup_steps']} steps, peak learning rate {settings['lr']:g}, seed {settings['seed']}"
+            f"{_stopped(metrics)}: {metrics['tokens_seen']:,} tokens, {metrics['train_seconds'] / 60:.1f} min on one "
+            f"CPU thread; held-out loss {_loss_change(metrics)}. Command: `{metrics['command']}`")
+
+
+def long_context_section(long_metrics: Mapping[str, Any] | None,
+                         later: Sequence[Mapping[str, Any]] = ()) -> list[str]:
+    """How the base model was continued on long documents (the first phase, then each `later` one), and what it
+    did to held-out loss."""
     lines = ["## Long-context training", ""]
     if not long_metrics:
         return lines + ["(none: trained on short windows only)", ""]
     settings = long_metrics["settings"]
     docs = long_metrics["documents"]["long_train.jsonl"]
     stages = ", then ".join(f"{steps:,} steps of 1 x {window:,} tokens" for window, steps in settings["stages"])
-    done = long_metrics["steps_done"]
-    planned = sum(steps for _, steps in settings["stages"])
     lines += [
         f"- Continued from the base model on long documents: the training units' files joined in path order, each "
         f"file under a `# <path>` line, into {docs['documents']} documents of {docs['min_doc_tokens']:,} to "
         f"{docs['max_doc_tokens']:,} tokens (median {docs['median_doc_tokens']:,}; `tools/default_model/long_docs.py`).",
         f"- Curriculum: {stages}, one warm-up ({settings['warmup_steps']} steps) and one cosine decay over all "
-        f"stages, peak learning rate {settings['lr']:g}, seed {settings['seed']}"
-        + (f"; stopped at step {done:,} of {planned:,} (time limit)" if long_metrics.get("stopped_early") else "")
-        + f": {long_metrics['tokens_seen']:,} tokens, {long_metrics['train_seconds'] / 60:.1f} min on one CPU thread.",
+        f"stages, peak learning rate {settings['lr']:g}, seed {settings['seed']}{_stopped(long_metrics)}"
+        f": {long_metrics['tokens_seen']:,} tokens, {long_metrics['train_seconds'] / 60:.1f} min on one CPU thread.",
         "- RoPE base kept at 1,000,000 (Qwen2.5's for its 32K training; `long_context.py` says why).",
-        "- Held-out loss (nats/token, long held-out documents in fixed windows) before -> after: "
-        + "; ".join(f"{int(w):,}-token windows {long_metrics['valid_loss_before'][w]:.3f} -> "
-                    f"{long_metrics['valid_loss_after'][w]:.3f}" for w in long_metrics["valid_loss_after"]) + ".",
+        f"- Held-out loss (nats/token, long held-out documents in fixed windows) before -> after: "
+        f"{_loss_change(long_metrics)}.",
         f"- Command: `{long_metrics['command']}`",
+        *(_later_phase(metrics) for metrics in later),
         "",
     ]
     return lines
