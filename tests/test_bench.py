@@ -267,6 +267,8 @@ def test_run_bench_smoke(tiny_llama, tmp_path):
     for s in report.summaries:
         assert s.identical is (None if s.method == "ar" else True), s.method
         assert len(s.ms_per_token) == 10 and len(s.curve_s) == 20 and len(s.distinct) == 4
+        assert s.repeated_by_tenth == report.summary("ar", s.gen_len).repeated_by_tenth  # same text, same shares
+        assert len(s.repeated_by_tenth) == 10 and all(0 <= share <= 1 for share in s.repeated_by_tenth)
         assert s.decode_s > 0 and s.tokens_per_s > 0 and s.peak_mem_mb > 0
     ts = report.summary("tokenswift", 32)
     assert 0 <= ts.acceptance_rate <= 1 and ts.mean_accepted >= 1 and ts.speedup_vs_ar > 0
@@ -281,7 +283,7 @@ def test_run_bench_smoke(tiny_llama, tmp_path):
     assert len((cfg.out / "runs.jsonl").read_text().splitlines()) == 10
     with open(cfg.out / "results.csv", newline="") as f:
         assert len(list(csv.DictReader(f))) == 10
-    assert "tokenswift" in format_table(report)
+    assert "tokenswift" in format_table(report) and "repeated 4-grams by tenth" in format_table(report)
     assert json.loads(summary_json(report))["lossless"] is True
 
 
@@ -338,3 +340,14 @@ def test_attn_dense_forces_the_dense_path_for_its_run_only():
     assert model.cascade_min_work == 32768
     with _attention_path(model, "auto"):
         assert model.cascade_min_work == 32768
+
+
+def test_repeated_shares_count_tokens_whose_4gram_was_seen_before_per_span():
+    from longswift.bench.metrics import repeated_by_part, repeated_shares
+
+    ids = [1, 2, 3, 4] * 3  # the 4-grams ending at index 3..6 are new; from index 7 on each was seen
+    assert repeated_shares(ids, [(0, 12)]) == [5 / 9]  # the first 3 tokens end no 4-gram and are not counted
+    assert repeated_shares(ids, [(0, 6), (6, 12), (12, 12)]) == [0.0, 5 / 6, 0.0]
+    assert repeated_by_part(ids, 2) == [0.0, 5 / 6]
+    assert repeated_by_part(list(range(40)), 10) == [0.0] * 10  # nothing repeats
+    assert repeated_by_part([], 10) == [0.0] * 10

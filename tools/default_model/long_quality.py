@@ -34,6 +34,7 @@ import torch
 
 import longswift
 from longswift import SamplingConfig
+from longswift.bench.metrics import repeated_shares
 from longswift.decode.sampling import TokenChooser
 
 from .long_docs import build_long_docs, read_units, stdlib_units
@@ -125,16 +126,9 @@ def position_scores(model: Any, docs: list[list[int]], eos_id: int) -> dict[str,
 
 
 def repeated_share(ids: list[int], first: int, n: int = NGRAM) -> float:
-    """Share of the tokens at index >= `first` whose n-gram ending at them occurred earlier in `ids`."""
-    seen: set[tuple[int, ...]] = set()
-    repeated = total = 0
-    for end in range(n, len(ids) + 1):
-        gram = tuple(ids[end - n: end])
-        if end - 1 >= first:
-            total += 1
-            repeated += gram in seen
-        seen.add(gram)
-    return repeated / total if total else 0.0
+    """Share of the tokens at index >= `first` whose n-gram ending at them occurred earlier in `ids` (the bench's
+    definition, `longswift.bench.metrics.repeated_shares`)."""
+    return repeated_shares(ids, [(first, len(ids))], n)[0]
 
 
 def line_shares(text: str) -> dict[str, Any]:

@@ -88,6 +88,7 @@ CSV_COLUMNS = (
     )
     + tuple(f"ms_per_token_{i}0pct" for i in range(1, TENTHS + 1))
     + BOUND_STATS
+    + tuple(f"repeated_4gram_{i}0pct" for i in range(1, TENTHS + 1))
 )
 
 
@@ -96,6 +97,7 @@ def csv_row(s: MethodSummary) -> dict[str, Any]:
     row.update({f"distinct_{i + 1}": v for i, v in enumerate(s.distinct)})
     row.update({f"ms_per_token_{i + 1}0pct": v for i, v in enumerate(s.ms_per_token)})
     row.update({k: s.bounds.get(k) for k in BOUND_STATS})
+    row.update({f"repeated_4gram_{i + 1}0pct": v for i, v in enumerate(s.repeated_by_tenth)})
     return row
 
 
@@ -187,6 +189,12 @@ def format_table(report: BenchReport) -> str:
                 + f"measured {c.get('measured_step_ms', 0):.1f}"
             )
     lines += [bound_line(s) for s in report.summaries if s.bounds]
+    lines += [
+        f"{s.gen_len:>8,} {s.method[:36]:<36} repeated 4-grams by tenth: "
+        + " ".join(f"{share:.0%}" for share in s.repeated_by_tenth)
+        for s in report.summaries
+        if s.method == reference and s.repeated_by_tenth
+    ]
     env = report.environment
     lines.append(
         f"device {env['device_name']} ({env['dtype']}), {env['cpu']}; prompts: {report.prompts.source} "

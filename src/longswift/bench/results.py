@@ -19,6 +19,7 @@ from .metrics import (
     milestone_targets,
     ms_per_token,
     paired_speedup,
+    repeated_by_part,
     times_at,
 )
 from .profile import ProfileReport
@@ -43,6 +44,7 @@ class RunRecord:
     first_diff: int | None = None
     mismatch: str | None = None  # when not identical: "near-tie", "mismatch" or "unverified" (identity.py)
     margin_at_diff: float | None = None  # the reference's decision margin at first_diff
+    repeated_by_tenth: list[float] = field(default_factory=list)  # metrics.repeated_by_part of the ids, 4-grams
 
 
 @dataclass
@@ -69,6 +71,7 @@ class MethodSummary:
     mismatch: str | None = None  # the earliest difference over the repeats: "near-tie" or "mismatch"
     margin_at_diff: float | None = None
     bounds: dict[str, float] = field(default_factory=dict)  # medians of BOUND_STATS (longswift's methods; bound.py)
+    repeated_by_tenth: list[float] = field(default_factory=list)  # medians of the runs' repeated_by_tenth
 
 
 # What the speculation controller did, per run (medians in the summary): see TokenSwiftDecoder.stats.
@@ -203,6 +206,7 @@ def _record(
         [distinct_n(obs.ids, k) for k in range(1, 5)],
         peak_mb,
         stats,
+        repeated_by_tenth=repeated_by_part(obs.ids, TENTHS),
     )
 
 
@@ -287,4 +291,5 @@ def _summary(
         earliest.mismatch if earliest else None,
         earliest.margin_at_diff if earliest else None,
         {k: v for k in BOUND_STATS if (v := median([r.stats.get(k) for r in runs])) is not None},
+        median_rows([r.repeated_by_tenth for r in runs if r.repeated_by_tenth]),
     )
