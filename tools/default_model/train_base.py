@@ -29,7 +29,7 @@ import shlex
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,26 @@ class TrainSettings:
     max_minutes: float | None = None  # stop early (recorded) if the machine is much slower than measured
     save_every: int = 50  # steps between resumable training states (WORK/train_state/)
     schedule_steps: int | None = None  # the cosine's horizon when a stage ends before it (a curriculum); default steps
+
+
+# The shipped base model's schedule (MODEL_CARD "Training"), each stage resumed from the previous one's state: the
+# first ran 1,200 steps on its own cosine; time limits then stopped a 2,000-step schedule at step 1,300, and the
+# last stage switched to 4,096-token windows on a cosine over 1,800 steps. Pinned as run, so that `build` repeats it.
+BASE_CURRICULUM = (
+    TrainSettings(),
+    TrainSettings(steps=1300, schedule_steps=2000),
+    TrainSettings(steps=1800, seq_len=4096, batch_size=1),
+)
+_RUN_FIELDS = ("log_every", "eval_windows", "max_minutes", "save_every")  # how a run is watched, not what it trains
+
+
+def base_stages(settings: TrainSettings) -> list[TrainSettings]:
+    """The shipped curriculum when `settings` trains what the defaults train (its logging, evaluation, time limit
+    and save interval carried into every stage); otherwise `settings` alone (a smoke test, an experiment)."""
+    watched = {name: getattr(settings, name) for name in _RUN_FIELDS}
+    if replace(settings, **{name: getattr(TrainSettings(), name) for name in _RUN_FIELDS}) != TrainSettings():
+        return [settings]
+    return [replace(stage, **watched) for stage in BASE_CURRICULUM]
 
 
 @dataclass(frozen=True)
@@ -267,10 +287,12 @@ def train(model, stream: torch.Tensor, settings: TrainSettings, state_dir: Path 
     if resume and state_dir is not None and (state_dir / "state.json").exists():
         progress = load_state(state_dir, model, optimizer, generator)
         print(f"[train] resumed from {state_dir} at step {progress['step']}", flush=True)
-    # A resume may change the settings (a longer schedule, longer windows): each change starts a recorded stage.
+    # A resume may change the settings (a longer schedule, longer windows): each change starts a recorded stage
+    # (not a stage that is already past its last step: a rerun curriculum skips its finished stages).
     stages: list = progress.setdefault("stages", [])
     stage = {"from_step": progress["step"], "settings": asdict(settings), "command": shlex.join(sys.orig_argv)}
-    if not stages or _schedule(stages[-1]["settings"]) != _schedule(stage["settings"]):
+    changed = not stages or _schedule(stages[-1]["settings"]) != _schedule(stage["settings"])
+    if changed and progress["step"] < settings.steps:
         stages.append(stage)
     history: list = progress["history"]
     window: list[float] = progress["window"]
@@ -317,7 +339,7 @@ def train(model, stream: torch.Tensor, settings: TrainSettings, state_dir: Path 
 
 def _schedule(settings: dict) -> dict:
     """The settings that change what is trained (not how often it is logged, saved or evaluated)."""
-    return {k: v for k, v in settings.items() if k not in ("log_every", "eval_windows", "max_minutes", "save_every")}
+    return {k: v for k, v in settings.items() if k not in _RUN_FIELDS}
 
 
 def tokens_seen(stages: list, steps_done: int) -> int:
@@ -401,7 +423,7 @@ def train_base(
     model = build_model(config, settings.seed)
     parameters = count_parameters(model)
     print(f"[model] {parameters:,} parameters; {json.dumps(asdict(shape))}", flush=True)
-    run = train(model, train_stream, settings, work_dir / STATE_DIR, resume)
+    run = train(model, train_stream, settings, work_dir / STATE_DIR, resume, save_at_end=True)
     size = save_model(model, tokenizer_dir, out_dir, eos_id)
     valid_loss, valid_tokens = reload_and_evaluate(out_dir, valid_stream, settings)
     metrics = {
