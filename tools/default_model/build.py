@@ -81,7 +81,9 @@ def build(args: argparse.Namespace) -> None:
             if train_base(args.work, args.out, stage, resume=args.resume or index > 0)["stopped_early"]:
                 raise SystemExit("[build] the base model stopped at its time limit: rerun with --resume")
         if not args.skip_long:
-            train_long(args.work, args.out, args.out, long_settings_from_args(args), resume=args.resume)
+            first = train_long(args.work, args.out, args.out, long_settings_from_args(args), resume=args.resume)
+            if first["stopped_early"]:
+                raise SystemExit("[build] the long-context stages stopped at their time limit: rerun with --resume")
             if args.long32_stages:
                 long32 = replace(LONG32, stages=args.long32_stages, max_minutes=args.long_max_minutes,
                                  schedule_steps=max(LONG32.schedule_steps or 0,
