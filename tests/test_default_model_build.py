@@ -125,3 +125,14 @@ def test_an_interrupted_base_training_resumes_to_the_same_weights(tmp_path):
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state"]  # no .tmp / .old left behind
+
+
+def test_build_threads_default_to_one_and_refuse_nonsense(monkeypatch):
+    monkeypatch.delenv(train_base.THREADS_ENV, raising=False)
+    assert train_base.build_threads() == 1
+    monkeypatch.setenv(train_base.THREADS_ENV, "2")
+    assert train_base.build_threads() == 2
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv(train_base.THREADS_ENV, bad)
+        with pytest.raises(SystemExit, match=train_base.THREADS_ENV):
+            train_base.build_threads()

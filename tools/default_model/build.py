@@ -23,6 +23,7 @@ only re-renders the card (after `python -m tools.default_model.long_run` has mea
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
@@ -38,7 +39,14 @@ from .long_context import LONG32, LONG32_TAG, add_long_flags, long_settings_from
 from .model_card import write_model_card
 from .prompts import write_prompts
 from .tokenizer import train_tokenizer
-from .train_base import DEFAULT_OUT, add_training_flags, base_stages, settings_from_args, train_base
+from .train_base import (
+    DEFAULT_OUT,
+    THREADS_ENV,
+    add_training_flags,
+    base_stages,
+    settings_from_args,
+    train_base,
+)
 
 SAMPLE_PROMPT = "class Migration(migrations.Migration):\n"
 SAMPLE_TOKENS = 120
@@ -68,6 +76,7 @@ def generate_sample(out_dir: Path, prompt: str = SAMPLE_PROMPT, new_tokens: int 
 def build(args: argparse.Namespace) -> None:
     """Run every stage in order (with `--only-heads`, only the heads and the card, on the existing base model;
     with `--only-card`, only the card, e.g. after `long_run.py` measured the long generation)."""
+    os.environ[THREADS_ENV] = str(args.threads)  # read by every training stage (train_base.build_threads)
     if args.only_card:
         heads_metrics = args.work / HEADS_METRICS_FILE if (args.out / HEADS_FILE).exists() else None
         card = write_model_card(args.work / "train_metrics.json", args.out, None, generate_sample(args.out),
@@ -113,6 +122,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="keep the corpus, tokenizer and base model; train the heads and re-render the card")
     parser.add_argument("--only-card", action="store_true",
                         help="train nothing; re-render MODEL_CARD.md from the work dir's metrics")
+    parser.add_argument("--threads", type=int, default=1, choices=range(1, 257), metavar="N",
+                        help="torch threads for every training stage (default 1, as the card's timings; a run "
+                             "repeats bit for bit only at the same count)")
     parser.add_argument("--skip-long", action="store_true", help="no long-context stages after the base model")
     parser.add_argument("--long32-stages", type=lambda text: () if text == "none" else parse_stages(text),
                         default=LONG32.stages,

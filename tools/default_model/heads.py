@@ -40,7 +40,7 @@ from longswift.model.heads import DraftHeads
 from longswift.train import StepStats, TrainConfig, evaluate_heads, load_token_stream, train_heads
 
 from .corpus import DEFAULT_WORK
-from .train_base import DEFAULT_OUT
+from .train_base import DEFAULT_OUT, build_threads
 
 METRICS_FILE = "heads_metrics.json"
 
@@ -119,7 +119,7 @@ def train_default_heads(work_dir: Path, out_dir: Path, settings: HeadsSettings =
                         resume: bool = False) -> dict[str, float]:
     """Train, save, evaluate, write WORK/heads_metrics.json; return {head name: validation accuracy}."""
     wall_start = time.perf_counter()
-    torch.set_num_threads(1)  # one thread: the build machine is shared, and timings stay comparable
+    torch.set_num_threads(build_threads())  # one thread unless `build --threads N`: timings stay comparable
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # read when the tokenizer first runs, below
     cfg = train_config(work_dir, out_dir, settings, resume)
     report = train_heads(cfg, _logger(settings))
@@ -131,6 +131,7 @@ def train_default_heads(work_dir: Path, out_dir: Path, settings: HeadsSettings =
         "tokens_seen": report.tokens_seen,
         "train_seconds": report.wall_seconds,
         "seconds_per_step": report.wall_seconds / report.steps,
+        "threads": torch.get_num_threads(),
         "wall_seconds": time.perf_counter() - wall_start,
         "final_train_loss": report.final_loss,
         "train_head_accuracy": report.head_accuracy,

@@ -147,6 +147,7 @@ def train_long(work_dir: Path, init_dir: Path, out_dir: Path, settings: LongSett
         "tokens_seen": tokens_seen(run["stages"], run["steps_done"]),
         "stages": run["stages"],
         "train_seconds": run["train_seconds"],
+        "threads": torch.get_num_threads(),
         "wall_seconds": time.perf_counter() - wall_start,
         "final_train_loss": run["final_train_loss"],
         "loss_history": run["history"],

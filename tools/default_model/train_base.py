@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import shlex
 import shutil
@@ -393,10 +394,22 @@ def reload_and_evaluate(out_dir: Path, valid: torch.Tensor, settings: TrainSetti
     return evaluate(model, valid, settings.seq_len, settings.eval_windows, settings.bf16)
 
 
+THREADS_ENV = "LONGSWIFT_BUILD_THREADS"  # set by `build --threads N`
+
+
+def build_threads() -> int:
+    """Torch threads for the training stages: 1 unless LONGSWIFT_BUILD_THREADS says otherwise. Why 1: the card's
+    timings are one thread, and a run repeats bit for bit only at the same thread count (the reductions' order)."""
+    value = os.environ.get(THREADS_ENV, "1")
+    if not value.isdigit() or int(value) < 1:
+        raise SystemExit(f"{THREADS_ENV}={value!r}: expected a whole number >= 1")
+    return int(value)
+
+
 def start_run(work_dir: Path, seed: int) -> tuple[Path, Any, int]:
-    """The common start of a training run (base or long-context): one CPU thread, every generator seeded, and the
-    work dir's tokenizer: its directory, the tokenizer and its EOS id."""
-    torch.set_num_threads(1)
+    """The common start of a training run (base or long-context): `build_threads()` CPU threads, every generator
+    seeded, and the work dir's tokenizer: its directory, the tokenizer and its EOS id."""
+    torch.set_num_threads(build_threads())
     set_seeds(seed)
     tokenizer_dir = work_dir / "tokenizer"
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -442,6 +455,7 @@ def train_base(
         "epochs": tokens_seen(run["stages"], run["steps_done"]) / len(train_stream),
         "train_seconds": run["train_seconds"],
         "seconds_per_step": run["train_seconds"] / run["steps_done"],
+        "threads": torch.get_num_threads(),
         "wall_seconds": time.perf_counter() - wall_start,
         "final_train_loss": run["final_train_loss"],
         "valid_loss": valid_loss,
