@@ -10,11 +10,16 @@ held-out prompt of CONTEXT tokens, then NEW sampled tokens) for:
 - forced-all: the CPU default's candidates, all verified every step (head 1, a 16-token lookup chain, one n-gram);
 - forced-head: head 1 alone every step (2 verified nodes: the root and one draft), the cheapest drafting step.
 
-and prints, per variant, the step cost that would reach 1.25x at its own tokens per step. Rounds run every variant
-once, in a rotated order, so drift of this 2-core VM's speed hits all of them alike; the JSON keeps every run.
+and prints, per variant, the step cost that would reach 1.25x at its own tokens per step. `--forwards` instead times
+the bare verification forward (no drafting, no sampling): 1 node (an AR step) against 2 nodes (root and one draft)
+through the dense bias and through the cascade, at each context, which is what a 2-node step cannot go below.
+Rounds run every variant once, in a rotated order, so drift of this 2-core VM's speed hits all of them alike; the
+JSON keeps every run.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/sampled_costs.py --contexts 8192,20480 --new 512 --repeats 3 \
         --out docs/benchmarks/2026-12-06/sampled_costs.json
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/sampled_costs.py --forwards --contexts 1024,8192,20480 \
+        --out docs/benchmarks/2026-12-06/forward_costs.json
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import torch
 import longswift
 from longswift import GenerationRequest, SamplingConfig, SpeculationConfig
 from longswift.bench.prompts import load_prompts
+from longswift.decode.loop import prefill
+from longswift.model.cache import KVCache
 
 TARGET = 1.25
 VARIANTS: dict[str, tuple[str, SpeculationConfig | None]] = {
@@ -100,12 +107,40 @@ def summarise(runs: list[dict[str, Any]], new: int) -> dict[str, Any]:
     return rows
 
 
+def forward_costs(model: Any, context: int, steps: int = 60) -> dict[str, float]:
+    """Median ms of one bare forward after `context` cached rows: 1 node, 2 nodes (dense bias), 2 nodes (cascade).
+
+    The nodes are rolled back after every forward, so each one sees exactly `context` rows; the variants
+    alternate within every round so that drift hits them alike.
+    """
+    cache = KVCache(model.cfg, context + 8)
+    ids = torch.randint(model.cfg.vocab_size, (context,), generator=torch.Generator().manual_seed(0))
+    tree = torch.tensor([[True, False], [True, True]])
+    one, two = ids[-1:][None], ids[-2:][None]
+    paths = {"1 node": (one, None, None), "2 nodes dense": (two, tree, None), "2 nodes cascade": (two, tree, 0)}
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    with torch.inference_mode():
+        prefill(model, cache, ids)
+        default_work = model.cascade_min_work
+        for _ in range(steps + 5):
+            for name, (tokens, mask, work) in paths.items():
+                model.cascade_min_work = default_work if work is None else work
+                positions = torch.arange(context, context + tokens.shape[1])
+                start = time.perf_counter()
+                model(tokens, positions, cache, tree_mask=mask)
+                times[name].append(time.perf_counter() - start)
+                cache.rollback()
+        model.cascade_min_work = default_work
+    return {name: round(1000 * statistics.median(t[5:]), 3) for name, t in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--contexts", default="8192,20480", help="prompt lengths (held-out prompt tokens)")
     parser.add_argument("--new", type=int, default=512, help="sampled new tokens per run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--forwards", action="store_true", help="time bare 1- and 2-node forwards only")
     parser.add_argument("--out", type=Path, default=None, help="write the raw runs and the summary as JSON")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -120,13 +155,19 @@ def main() -> None:
                 ("repeats", args.repeats),
                 ("threads", args.threads),
             )
-        ),
+        )
+        + (" --forwards" if args.forwards else ""),
         "machine": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "contexts": {},
     }
     names = list(VARIANTS)
     for context in (int(c) for c in args.contexts.split(",")):
+        if args.forwards:
+            row = forward_costs(engine.model, context)
+            report["contexts"][str(context)] = row
+            print(f"context {context:>6}  " + "  ".join(f"{k} {v:.3f} ms" for k, v in row.items()), flush=True)
+            continue
         prompt = load_prompts(engine.tokenizer, None, context, 1).ids[0]
         runs = []
         for round_ in range(args.repeats):
