@@ -136,3 +136,86 @@ def test_build_threads_default_to_one_and_refuse_nonsense(monkeypatch):
         monkeypatch.setenv(train_base.THREADS_ENV, bad)
         with pytest.raises(SystemExit, match=train_base.THREADS_ENV):
             train_base.build_threads()
+
+
+CARD = """# card
+
+intro
+
+## Training
+
+hand-written provenance that no work dir holds
+
+## Is it worth measuring on?
+
+old figures
+
+### The previous model (history)
+
+kept figures
+
+## Long generation
+
+(not measured for this build)
+
+## Sample
+
+text
+
+## Rebuild
+
+how
+"""
+
+
+def test_a_card_splice_replaces_only_the_named_sections_and_keeps_their_history():
+    from tools.default_model.card_sections import splice_sections
+
+    rendered = (
+        "# card\n\n## Training\n\nrendered\n\n## Is it worth measuring on?\n\nnew figures\n\n"
+        "## Long generation\n\n- 100,000 tokens\n\n## Sample\n\nother\n"
+    )
+    card = splice_sections(CARD, rendered, ["Is it worth measuring on?", "Long generation"])
+    assert "hand-written provenance" in card and "rendered" not in card  # not named: kept byte for byte
+    assert "old figures" not in card and "new figures" in card and "- 100,000 tokens" in card
+    assert card.index("new figures") < card.index("### The previous model (history)\n\nkept figures")
+    assert card.index("kept figures") < card.index("## Long generation")
+    assert card.endswith("## Sample\n\ntext\n\n## Rebuild\n\nhow\n")
+    assert splice_sections(CARD, CARD, ["Is it worth measuring on?", "Long generation"]) == CARD
+    # a section the card lacks goes before the sample; one the renderer lacks is an error, not a silent skip
+    shorter = CARD.replace("## Long generation\n\n(not measured for this build)\n\n", "")
+    assert splice_sections(shorter, rendered, ["Long generation"]) == CARD.replace(
+        "(not measured for this build)", "- 100,000 tokens"
+    )
+    with pytest.raises(ValueError, match="no section 'Data'"):
+        splice_sections(CARD, rendered, ["Data"])
+
+
+def test_only_card_rerenders_the_long_run_section_of_the_shipped_card_and_keeps_the_rest(tmp_path):
+    """`build --only-card` after long_run.py, on a copy of the shipped model and card with the committed raw
+    metrics: the measured section is rendered from long_run.json, every other section stays as it was."""
+    import shutil
+    from pathlib import Path
+
+    from tools.default_model import build
+
+    from longswift.model.checkpoint import default_model_dir
+
+    raw = Path(__file__).parents[1] / "docs" / "benchmarks" / "2026-12-06"
+    work, out = tmp_path / "work", tmp_path / "model"
+    work.mkdir()
+    for name in ("train_metrics.json", "heads_metrics.json", "long_metrics.json", "long32_metrics.json"):
+        shutil.copy(raw / "rebuild" / name, work / name)
+    shutil.copy(raw / "long_run" / "long_run.json", work / "long_run.json")
+    shutil.copytree(default_model_dir(), out, ignore=shutil.ignore_patterns("*.state"))
+    before = (out / "MODEL_CARD.md").read_text(encoding="utf-8")
+    build.main(["--only-card", "--card-sections", "Long generation", "--work", str(work), "--out", str(out)])
+    after = (out / "MODEL_CARD.md").read_text(encoding="utf-8")
+    section = after[after.index("## Long generation") : after.index("## Sample")]
+    assert "100,000 tokens with TokenSwift" in section and "model fingerprint `6f1289688fe3f953`" in section
+    assert after.replace(section, "") == before.replace(
+        before[before.index("## Long generation") : before.index("## Sample")], ""
+    )
+    assert "(history)" in after and "## Rebuild" in after
+    with pytest.raises(SystemExit):
+        build.main(["--only-card", "--card-sections", " , ", "--work", str(work), "--out", str(out)])

@@ -8,7 +8,8 @@ own state and metrics) -> held-out benchmark prompts -> draft heads -> model car
 resumable: rerun the same command with `--resume` (`--heads-resume` for the heads) after an interruption; finished
 stages are skipped. `python -m tools.default_model.quality` (predictability and greedy readability) and
 `python -m tools.default_model.long_run` (100K tokens) measure the result; rerun with `--only-card` afterwards so
-the card quotes them.
+the card quotes them: it re-renders only the sections those tools measure and keeps the rest of the card (history,
+comparisons) as it stands (`card_sections.py`; `--card-sections all` for the whole card).
 Each stage is a plain function of the work dir, so stages run in-process, and `--steps` lets the whole chain be
 smoke-tested in a minute into a temporary directory.
 
@@ -16,8 +17,9 @@ Run: `python -m tools.default_model.build` (defaults: work dir build/default_mod
 src/longswift/default_model/, ~140 minutes for the base model, ~75 for the 8K -> 16K stages, ~80 for the 32K phase
 and ~10 for the heads on one CPU thread), or for a smoke test `python -m tools.default_model.build --work /tmp/dm
 --out /tmp/dm/model --steps 5 --stages 64:2 --long32-stages 128:1` (tiny heads run too).
-`--only-heads` retrains only the draft heads on the existing base model and re-renders the card; `--only-card`
-only re-renders the card (after `python -m tools.default_model.long_run` has measured the 100K-token run).
+`--only-heads` retrains only the draft heads on the existing base model and re-renders the card's heads section;
+`--only-card` only re-renders the card's measured sections (after `python -m tools.default_model.long_run` has
+measured the 100K-token run, or `quality` the model).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Mapping
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from .card_sections import MEASURED_SECTIONS
 from .corpus import DEFAULT_VALID_FRACTION, DEFAULT_WORK, build_corpus
 from .heads import HEADS_FILE, HeadsSettings, add_heads_flags, train_default_heads
 from .heads import METRICS_FILE as HEADS_METRICS_FILE
@@ -79,9 +82,11 @@ def build(args: argparse.Namespace) -> None:
     os.environ[THREADS_ENV] = str(args.threads)  # read by every training stage (train_base.build_threads)
     if args.only_card:
         heads_metrics = args.work / HEADS_METRICS_FILE if (args.out / HEADS_FILE).exists() else None
-        card = write_model_card(args.work / "train_metrics.json", args.out, None, generate_sample(args.out),
-                                heads_metrics)
-        print(f"[build] re-rendered {card}", flush=True)
+        sections = args.card_sections
+        sample = generate_sample(args.out) if sections is None or "Sample" in sections else None
+        card = write_model_card(args.work / "train_metrics.json", args.out, None, sample, heads_metrics, sections)
+        which = "every section" if sections is None else ", ".join(sections)
+        print(f"[build] re-rendered {which} of {card}", flush=True)
         return
     if not args.only_heads:
         build_corpus(args.work, args.cache, args.valid_fraction)
@@ -106,9 +111,21 @@ def build(args: argparse.Namespace) -> None:
     head_accuracy = None if args.skip_heads else train_heads_step(
         args.work, args.out, heads_settings_from_args(args, smoke), args.heads_resume)
     heads_metrics = None if args.skip_heads else args.work / HEADS_METRICS_FILE
+    # New heads on the shipped base change the card's heads section only; a full build describes a new model.
+    sections = ("Draft heads",) if args.only_heads else None
     card = write_model_card(args.work / "train_metrics.json", args.out, head_accuracy, generate_sample(args.out),
-                            heads_metrics)
+                            heads_metrics, sections)
     print(f"[build] done: model in {args.out}, card {card}", flush=True)
+
+
+def _card_sections(text: str) -> tuple[str, ...] | None:
+    """--card-sections: 'all' (None: the whole card) or comma-separated '## ' headings."""
+    if text.strip() == "all":
+        return None
+    headings = tuple(h.strip() for h in text.split(",") if h.strip())
+    if not headings:
+        raise argparse.ArgumentTypeError("name at least one '## ' heading of MODEL_CARD.md, or 'all'")
+    return headings
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,9 +136,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--valid-fraction", type=float, default=DEFAULT_VALID_FRACTION)
     parser.add_argument("--skip-heads", action="store_true", help="stop after the base model (no draft heads)")
     parser.add_argument("--only-heads", action="store_true",
-                        help="keep the corpus, tokenizer and base model; train the heads and re-render the card")
+                        help="keep the corpus, tokenizer and base model; train the heads and re-render the card's "
+                             "heads section")
     parser.add_argument("--only-card", action="store_true",
-                        help="train nothing; re-render MODEL_CARD.md from the work dir's metrics")
+                        help="train nothing; re-render the measured sections of MODEL_CARD.md from the work dir's "
+                             "metrics (--card-sections), keeping the rest of the card as it stands")
+    parser.add_argument("--card-sections", type=_card_sections, default=MEASURED_SECTIONS, metavar="H1,H2|all",
+                        help="with --only-card: the '## ' headings to re-render (default: "
+                             f"{','.join(MEASURED_SECTIONS)}); 'all' writes the whole card anew")
     parser.add_argument("--threads", type=int, default=1, choices=range(1, 257), metavar="N",
                         help="torch threads for every training stage (default 1, as the card's timings; a run "
                              "repeats bit for bit only at the same count)")

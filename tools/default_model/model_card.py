@@ -1,9 +1,11 @@
 """Render MODEL_CARD.md for the embedded default model from WORK/train_metrics.json.
 
 Why generated, not hand-written: every number in the card (data, sizes, training time, validation perplexity,
-per-head accuracy) must be the one the rebuild actually produced, so the card is re-rendered by the build and
-never edited by hand. Rendering is a pure function of its inputs (metrics dict, optional per-head accuracy,
-optional generated sample), so it can be tested without training anything.
+per-head accuracy) must be the one the rebuild actually produced, so a full build renders the whole card. The
+shipped card also holds what no single work dir does (stages resumed across sessions, comparisons, history), so a
+later measurement re-renders only its own sections and keeps the rest (`card_sections.py`). Rendering is a pure
+function of its inputs (metrics dict, optional per-head accuracy, optional generated sample), so it can be tested
+without training anything.
 
 Run: `python -m tools.default_model.model_card --work build/default_model --out src/longswift/default_model
       [--sample-file sample.txt] [--head-accuracy heads.json] [--heads-metrics WORK/heads_metrics.json]`
@@ -16,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from .card_sections import splice_sections
 from .corpus import DEFAULT_WORK
 from .model_card_long import LATER_PHASE_FILES, LONG_METRICS_FILE, long_context_section, long_quality_lines
 
@@ -193,7 +196,8 @@ def _long_run_section(long_run: Mapping[str, Any] | None) -> list[str]:
         _memory_line(long_run),
         f"- Distinct-1..4 of the generated tokens: {distinct}. Low values mean the model repeats itself over 100K "
         "tokens: a 6M-parameter model has little to say.",
-        f"- Command: `{long_run['command']}`",
+        f"- Command: `{long_run['command']}`; {long_run['tokens'] / long_run['seconds']:.1f} tokens/s over the "
+        f"process's wall time (start-up and prefill included); measured on these weights (model fingerprint `{long_run['model_fingerprint']}`).",
         "",
     ]
 
@@ -292,11 +296,14 @@ def write_model_card(
     head_accuracy: Mapping[str, float] | None = None,
     sample_text: str | None = None,
     heads_metrics_path: Path | None = None,
+    sections: Sequence[str] | None = None,
 ) -> Path:
     """Render from a train_metrics.json file (and a heads_metrics.json file, if given) into OUT/MODEL_CARD.md.
 
     WORK/long_run.json (beside train_metrics.json) is quoted when present; its `current_model` flag says
-    whether it was measured on these weights (a rebuild makes it stale until the run is repeated).
+    whether it was measured on these weights (a rebuild makes it stale until the run is repeated). `sections`
+    (the `## ` headings to re-render, e.g. `card_sections.MEASURED_SECTIONS`) keeps every other section of an
+    existing card as it stands (`card_sections.splice_sections`); None writes the whole card anew.
     """
     metrics = json.loads(metrics_path.read_text(encoding="utf-8"))
     heads = json.loads(heads_metrics_path.read_text(encoding="utf-8")) if heads_metrics_path else None
@@ -315,8 +322,10 @@ def write_model_card(
     path = out_dir / "MODEL_CARD.md"
     later = [json.loads(p.read_text(encoding="utf-8")) for p in (metrics_path.parent / n for n in LATER_PHASE_FILES)
              if p.exists()]
-    path.write_text(render_model_card(metrics, head_accuracy, sample_text, heads, long_run, quality, long_metrics,
-                                      later), encoding="utf-8")
+    text = render_model_card(metrics, head_accuracy, sample_text, heads, long_run, quality, long_metrics, later)
+    if sections is not None and path.exists():
+        text = splice_sections(path.read_text(encoding="utf-8"), text, sections)
+    path.write_text(text, encoding="utf-8")
     return path
 
 
