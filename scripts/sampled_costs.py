@@ -113,7 +113,7 @@ def forward_costs(model: Any, context: int, steps: int = 60) -> dict[str, float]
     The nodes are rolled back after every forward, so each one sees exactly `context` rows; the variants
     alternate within every round so that drift hits them alike.
     """
-    cache = KVCache(model.cfg, context + 8)
+    cache = KVCache(model.cfg, context + 8, dtype=next(model.parameters()).dtype)
     ids = torch.randint(model.cfg.vocab_size, (context,), generator=torch.Generator().manual_seed(0))
     tree = torch.tensor([[True, False], [True, True]])
     one, two = ids[-1:][None], ids[-2:][None]
@@ -140,11 +140,12 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=512, help="sampled new tokens per run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", default="fp32", help="fp32 (the CPU default) or bf16")
     parser.add_argument("--forwards", action="store_true", help="time bare 1- and 2-node forwards only")
     parser.add_argument("--out", type=Path, default=None, help="write the raw runs and the summary as JSON")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    engine = longswift.load(threads=args.threads)
+    engine = longswift.load(dtype=args.dtype, threads=args.threads)
     report: dict[str, Any] = {
         "command": "scripts/sampled_costs.py "
         + " ".join(
@@ -154,6 +155,7 @@ def main() -> None:
                 ("new", args.new),
                 ("repeats", args.repeats),
                 ("threads", args.threads),
+                ("dtype", args.dtype),
             )
         )
         + (" --forwards" if args.forwards else ""),

@@ -205,7 +205,7 @@ def test_windowed_penalty_matches_longswift_penalty():
     for window in (0, 1, 7, 100):
         got = WindowedRepetitionPenalty(1.3, window)(context, scores.clone())[0]
         ids = context[0] if window == 0 else context[0, -window:]
-        assert torch.equal(got, apply_penalty(scores[0], ids, 1.3))
+        assert torch.equal(got, apply_penalty(scores[0], ids, SamplingConfig(repetition_penalty=1.3)))
 
 
 # ------------------------------------------------------------------------------------------------ prompts

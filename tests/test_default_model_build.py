@@ -219,3 +219,27 @@ def test_only_card_rerenders_the_long_run_section_of_the_shipped_card_and_keeps_
     assert "(history)" in after and "## Rebuild" in after
     with pytest.raises(SystemExit):
         build.main(["--only-card", "--card-sections", " , ", "--work", str(work), "--out", str(out)])
+
+
+def test_model_card_renders_the_frequency_penalised_greedy_continuation_beside_the_plain_one():
+    from tools.default_model.model_card_long import long_quality_lines
+
+    def greedy(penalty: str, share: float) -> dict:
+        reading = {"repetition_share": share, "most_common_line_share": 0.03, "nonblank_lines": 900,
+                   "most_common_line": "),"}  # fmt: skip
+        return {"tokens": 20480, "penalty": penalty, "readings": {"20480": reading}}
+
+    row = {"perplexity": 30.0, "top1": 0.4, "top1_share_of_2k": 1.0, "mean_top_probability": 0.45}
+    long = {
+        "chunks": 4,
+        "chunk_tokens": 512,
+        "positions": {"django": {"documents": 10, "scores": {"2048": row}, "reference_repetition_share": 0.59}},
+        "greedy": greedy("1.2 over the last 1,024 tokens", 0.97),
+        "greedy_frequency": greedy("1.2 over the last 1,024 tokens, frequency penalty 0.2 over the same", 0.37),
+    }
+    text = "\n".join(long_quality_lines(long))
+    assert (
+        "repetition share 97%" in text
+        and "frequency penalty 0.2 over the same): first 20,480 tokens: repetition share 37%" in text
+    )
+    assert text.count("Held-out human code scores 59%") == 2

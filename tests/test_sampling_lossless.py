@@ -86,13 +86,17 @@ def engine(checkpoint_factory):
 SETTINGS = {
     "plain": SamplingConfig(temperature=0.8),
     "penalty": SamplingConfig(temperature=1.0, min_p=0.05, repetition_penalty=2.0, penalty_window=4),
+    # OpenAI's count penalties: each repeat in the window lowers a token further
+    "counted": SamplingConfig(
+        temperature=1.0, min_p=0.05, frequency_penalty=1.5, presence_penalty=0.5, penalty_window=4
+    ),
 }
 
 
 @pytest.mark.parametrize(
     "name,spec",
-    [("plain", PAPER), ("penalty", PAPER), ("penalty", FUSED)],
-    ids=["plain-paper", "penalty-paper", "penalty-fused"],
+    [("plain", PAPER), ("penalty", PAPER), ("penalty", FUSED), ("counted", FUSED)],
+    ids=["plain-paper", "penalty-paper", "penalty-fused", "counted-fused"],
 )
 def test_tokenswift_samples_follow_the_exact_ar_joint(name, spec, engine):
     joint = exact_joint(engine, SETTINGS[name])

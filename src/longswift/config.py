@@ -175,8 +175,9 @@ def _rope_config(raw: dict[str, Any]) -> RopeConfig:
 class SamplingConfig:
     """How a next token is chosen from logits; shared verbatim by AR decoding and TokenSwift verification.
 
-    Processing order (same as `transformers`): repetition penalty, temperature, top-k, top-p, min-p, eta.
-    temperature == 0 means greedy (argmax of the penalised logits).
+    Processing order (same as `transformers`, with vLLM's place for the OpenAI penalties): repetition penalty,
+    frequency and presence penalties, temperature, top-k, top-p, min-p, eta. temperature == 0 means greedy
+    (argmax of the penalised logits). All three penalties count the same window: the last W ids, prompt included.
     """
 
     temperature: float = 0.0
@@ -186,6 +187,12 @@ class SamplingConfig:
     eta: float = 0.0  # eta sampling cutoff (Hewitt et al. 2022); 0 = off
     repetition_penalty: float = 1.0  # 1 = off; >1 discourages tokens in the window
     penalty_window: int = 0  # last W tokens (prompt included); 0 = the whole context
+    # OpenAI's: logit -= frequency * count + presence * (count > 0), count = occurrences in the window. Unlike the
+    # CTRL penalty above, which is the same for a token seen once or 500 times, the frequency penalty grows with
+    # each repeat, so it breaks the one-sub-word loops (`_model_model_...`) greedy decoding of a small model falls
+    # into at long lengths.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         _check(
@@ -201,6 +208,14 @@ class SamplingConfig:
             f"repetition penalty must be > 0, got {self.repetition_penalty}",
         )
         _check(self.penalty_window >= 0, f"penalty window must be >= 0, got {self.penalty_window}")
+        for name in ("frequency", "presence"):
+            value = getattr(self, f"{name}_penalty")
+            _check(-2 <= value <= 2, f"{name} penalty must be in [-2, 2] (as OpenAI's), got {value}")
+
+    @property
+    def penalised(self) -> bool:
+        """Whether any penalty changes the logits (otherwise the window need not be read at all)."""
+        return self.repetition_penalty != 1.0 or bool(self.frequency_penalty) or bool(self.presence_penalty)
 
     @property
     def greedy(self) -> bool:

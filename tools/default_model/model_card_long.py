@@ -74,9 +74,11 @@ def long_quality_lines(long: Mapping[str, Any] | None) -> list[str]:
             lines.append(f"| position {int(position):,} | {row['perplexity']:.1f} | {row['top1']:.3f} | "
                          f"{row['top1_share_of_2k']:.0%} | {row['mean_top_probability']:.3f} |")
         lines.append("")
-    greedy = long.get("greedy")
-    if greedy:
-        reference = long["positions"].get("django", {}).get("reference_repetition_share")
+    reference = long["positions"].get("django", {}).get("reference_repetition_share")
+    for key in ("greedy", "greedy_frequency"):  # the paper's penalty alone; with a frequency penalty on top
+        greedy = long.get(key)
+        if not greedy:
+            continue
         lines += [f"- One greedy continuation of {greedy['tokens']:,} tokens (penalty {greedy['penalty']}): "
                   + "; ".join(f"first {int(n):,} tokens: repetition share {r['repetition_share']:.0%}, most common "
                               f"line {r['most_common_line_share']:.1%} of {r['nonblank_lines']:,} non-blank lines "

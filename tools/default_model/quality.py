@@ -18,7 +18,8 @@ probability of fixed held-out chunks placed at positions 2K / 8K / 16K / 32K, on
 Python standard library (evaluation only), and the repetition of one greedy 32K-token continuation read at 8K,
 20K and 32K tokens.
 
-Run: `python -m tools.default_model.quality [--model DIR] [--work build/default_model] [--greedy-tokens N]`
+Run: `python -m tools.default_model.quality [--model DIR] [--work build/default_model] [--greedy-tokens N]
+[--greedy-frequency F]`
 (writes WORK/quality.json; about 20 minutes on one CPU thread, 3 with `--short`).
 """
 
@@ -118,7 +119,8 @@ def greedy_check(model_dir: Path, sampling: SamplingConfig, new_tokens: int) -> 
     }
 
 
-def long_measures(model_dir: Path, work_dir: Path, model: Any, tokenizer: Any, greedy_tokens: int) -> dict[str, Any]:
+def long_measures(model_dir: Path, work_dir: Path, model: Any, tokenizer: Any, greedy_tokens: int,
+                  greedy_frequency: float = 0.0) -> dict[str, Any]:
     """Scores by position on both held-out sets, and the long greedy continuation (`long_quality.py`)."""
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     out: dict[str, Any] = {"positions": {}, "chunks": long_quality.CHUNKS, "chunk_tokens": long_quality.CHUNK_TOKENS}
@@ -128,11 +130,14 @@ def long_measures(model_dir: Path, work_dir: Path, model: Any, tokenizer: Any, g
                                     "reference_repetition_share": long_quality.reference_repetition(docs)}
     if greedy_tokens:
         out["greedy"] = long_quality.greedy_long(model_dir, GREEDY_PROMPT, greedy_tokens)
+        if greedy_frequency:  # the same continuation with OpenAI's frequency penalty on top
+            out["greedy_frequency"] = long_quality.greedy_long(model_dir, GREEDY_PROMPT, greedy_tokens,
+                                                               greedy_frequency)
     return out
 
 
 def measure(model_dir: Path, work_dir: Path = DEFAULT_WORK, short: bool = False,
-            greedy_tokens: int = long_quality.GREEDY_TOKENS) -> dict[str, Any]:
+            greedy_tokens: int = long_quality.GREEDY_TOKENS, greedy_frequency: float = 0.0) -> dict[str, Any]:
     """Every number of quality.json for the model in `model_dir` (`short`: only the prompt-window measures)."""
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -154,7 +159,8 @@ def measure(model_dir: Path, work_dir: Path = DEFAULT_WORK, short: bool = False,
         "greedy": [greedy_check(model_dir, SamplingConfig(), GREEDY_TOKENS),
                    greedy_check(model_dir, SamplingConfig(repetition_penalty=1.2, penalty_window=1024),
                                 GREEDY_TOKENS)],
-        **({} if short else {"long": long_measures(model_dir, work_dir, model, tokenizer, greedy_tokens)}),
+        **({} if short else {"long": long_measures(model_dir, work_dir, model, tokenizer, greedy_tokens,
+                                                                 greedy_frequency)}),
         "seconds": time.perf_counter() - started,
     }
 
@@ -166,9 +172,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--short", action="store_true", help="only the prompt-window measures (no positions)")
     parser.add_argument("--greedy-tokens", type=int, default=long_quality.GREEDY_TOKENS,
                         help="length of the long greedy continuation (0: none)")
+    parser.add_argument("--greedy-frequency", type=float, default=0.0,
+                        help="also run that continuation with this frequency penalty (0: only the paper's penalty)")
     args = parser.parse_args(argv)
     model_dir = args.model or default_model_dir()
-    report = measure(model_dir, args.work, args.short, args.greedy_tokens)
+    report = measure(model_dir, args.work, args.short, args.greedy_tokens, args.greedy_frequency)
     args.work.mkdir(parents=True, exist_ok=True)
     (args.work / QUALITY_FILE).write_text(json.dumps(report, indent=2) + "\n")
     sampled = report["sampled"]

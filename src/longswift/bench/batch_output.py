@@ -205,7 +205,12 @@ def _round(v: float | None) -> float | None:
 
 def sampling_label(s: SamplingConfig) -> str:
     mode = "greedy" if s.greedy else f"T={s.temperature}, min-p={s.min_p}"
-    return f"{mode}, penalty {s.repetition_penalty} over {s.penalty_window or 'all'} tokens"
+    counted = "".join(
+        f", {name} penalty {value}"
+        for name, value in (("frequency", s.frequency_penalty), ("presence", s.presence_penalty))
+        if value
+    )
+    return f"{mode}, penalty {s.repetition_penalty}{counted} over {s.penalty_window or 'all'} tokens"
 
 
 def _f(v: float | None, digits: int) -> str:

@@ -84,15 +84,22 @@ def _check(ok: bool, message: str) -> None:
 
 
 def bench_sampling(
-    sample: bool, repetition_penalty: float | None = None, penalty_window: int | None = None
+    sample: bool,
+    repetition_penalty: float | None = None,
+    penalty_window: int | None = None,
+    *,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
 ) -> SamplingConfig:
     """The benchmark's sampling: greedy (penalty 1.2, window 1024) or the paper's sampling, with overrides."""
     base = SamplingConfig.paper() if sample else DEFAULT_GREEDY
-    changes: dict[str, Any] = {
-        k: v
-        for k, v in (("repetition_penalty", repetition_penalty), ("penalty_window", penalty_window))
-        if v is not None
+    overrides = {
+        "repetition_penalty": repetition_penalty,
+        "penalty_window": penalty_window,
+        "frequency_penalty": frequency_penalty,
+        "presence_penalty": presence_penalty,
     }
+    changes: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
     return replace(base, **changes)
 
 

@@ -70,9 +70,13 @@ def hf_processing(sampling: SamplingConfig) -> tuple[dict[str, Any], list[Any]]:
     windowed penalty is passed as a processor. Custom processors run after the built-in ones, so when sampling the
     warpers are passed explicitly too (after the penalty) and the built-in ones are switched off.
     """
-    penalty = []
+    penalty: list[Any] = []
     if sampling.repetition_penalty != 1.0:
         penalty = [WindowedRepetitionPenalty(sampling.repetition_penalty, sampling.penalty_window)]
+    if sampling.frequency_penalty or sampling.presence_penalty:
+        penalty.append(
+            WindowedCountPenalty(sampling.frequency_penalty, sampling.presence_penalty, sampling.penalty_window)
+        )
     if sampling.greedy:
         return {"do_sample": False}, penalty
     from transformers.generation.logits_process import (
@@ -107,6 +111,22 @@ class WindowedRepetitionPenalty:
         picked = scores.gather(1, ids)
         picked = torch.where(picked < 0, picked * self.penalty, picked / self.penalty)
         return scores.scatter(1, ids, picked)
+
+
+class WindowedCountPenalty:
+    """OpenAI's frequency and presence penalties over the last `window` ids (0 = all), as longswift's
+    (transformers has no processor for them): scores - frequency * count - presence * (count > 0)."""
+
+    def __init__(self, frequency: float, presence: float, window: int) -> None:
+        self.frequency, self.presence, self.window = frequency, presence, window
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """input_ids (B, T), scores (B, V) -> penalised scores (B, V)."""
+        ids = input_ids[:, -self.window :] if self.window else input_ids
+        counts = torch.zeros(scores.shape, dtype=torch.int32, device=scores.device)
+        counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.int32))
+        present = (counts > 0).to(scores.dtype)
+        return scores - (counts.to(scores.dtype) * self.frequency + present * self.presence)
 
 
 @contextmanager

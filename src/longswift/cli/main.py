@@ -246,6 +246,8 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--repetition-penalty", type=float, help="penalty on recent tokens (default 1.2)")
     s.add_argument("--penalty-window", type=int, help="tokens the penalty looks at; 0 = whole context (default 1024)")
+    s.add_argument("--frequency-penalty", type=float, help="OpenAI's frequency penalty over the window (default 0)")
+    s.add_argument("--presence-penalty", type=float, help="OpenAI's presence penalty over the window (default 0)")
     s.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every method (default 0)")
     r = p.add_argument_group("measurement")
     r.add_argument("--repeats", type=int, default=1, help="timed runs per method and length; medians (default 1)")
@@ -281,7 +283,13 @@ def cmd_bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         heads=args.heads,
         prompt_len=args.prompt_len,
         prompts=args.prompts,
-        sampling=bench_sampling(args.sample, args.repetition_penalty, args.penalty_window),
+        sampling=bench_sampling(
+            args.sample,
+            args.repetition_penalty,
+            args.penalty_window,
+            frequency_penalty=args.frequency_penalty,
+            presence_penalty=args.presence_penalty,
+        ),
         repeats=args.repeats,
         device=args.device,
         dtype=args.dtype,

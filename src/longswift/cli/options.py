@@ -26,6 +26,15 @@ def add_sampling(p: argparse.ArgumentParser) -> Any:
         default=1024,
         help="the penalty looks at the last W tokens, prompt included; 0 = whole context (1024)",
     )
+    s.add_argument(
+        "--frequency-penalty",
+        type=float,
+        default=0.0,
+        help="OpenAI's: subtract F x (times a token occurs in the window) from its logit; breaks greedy loops (0)",
+    )
+    s.add_argument(
+        "--presence-penalty", type=float, default=0.0, help="OpenAI's: subtract P from every token in the window (0)"
+    )
     return s
 
 
@@ -41,6 +50,8 @@ def sampling_from(args: argparse.Namespace) -> Any:
         eta=args.eta,
         repetition_penalty=args.repetition_penalty,
         penalty_window=args.penalty_window,
+        frequency_penalty=args.frequency_penalty,
+        presence_penalty=args.presence_penalty,
     )
 
 

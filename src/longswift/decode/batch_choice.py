@@ -68,15 +68,17 @@ def window_change(decided: list[int], added: int, window: int) -> list[int]:
 
 @dataclass(frozen=True)
 class NodeTable:
-    """Every node of a batched step, flat: its row, depth, penalty, and the ids its path adds to and pushes out
+    """Every node of a batched step, flat: its row, depth, penalties, and the ids its path adds to and pushes out
     of its row's window, as (n, d) index tensors padded with V."""
 
     rows: Tensor
     depths: Tensor
-    penalty: Tensor  # (n, 1) fp32
+    penalty: Tensor  # (n, 1) fp32: the repetition (CTRL) penalty
+    frequency: Tensor  # (n, 1) fp32
+    presence: Tensor  # (n, 1) fp32
     added: Tensor
     dropped: Tensor
-    penalised: bool  # whether any node has a penalty other than 1
+    penalised: bool  # whether any node's logits are changed by a penalty
 
 
 def node_table(
@@ -88,7 +90,8 @@ def node_table(
     device: torch.device,
 ) -> NodeTable:
     """decided[i]: sequence i's ids (its root last), tries[i] its trie, cfgs[i] its sampling, rows[i] its row."""
-    row_of, depth, penalty, added, dropped = [], [], [], [], []
+    row_of, depth, added, dropped = [], [], [], []
+    penalties: list[tuple[float, float, float]] = []
     for ids, trie, cfg, row in zip(decided, tries, cfgs, rows):
         w = cfg.penalty_window
         base = len(ids) if w == 0 else min(len(ids), w)
@@ -100,32 +103,35 @@ def node_table(
             dropped.append(oldest[:out])
         row_of += [row] * len(trie)
         depth += trie.depths
-        penalty += [cfg.repetition_penalty] * len(trie)
+        penalties += [(cfg.repetition_penalty, cfg.frequency_penalty, cfg.presence_penalty)] * len(trie)
     d = max(1, max((len(p) for p in added), default=0))
     pad = [p + [vocab] * (d - len(p)) for p in added], [p + [vocab] * (d - len(p)) for p in dropped]
+    columns = torch.tensor(penalties, dtype=torch.float32, device=device).reshape(-1, 3)
     return NodeTable(
         torch.tensor(row_of, device=device),
         torch.tensor(depth, device=device),
-        torch.tensor(penalty, dtype=torch.float32, device=device)[:, None],
+        columns[:, 0:1],
+        columns[:, 1:2],
+        columns[:, 2:3],
         torch.tensor(pad[0], device=device),
         torch.tensor(pad[1], device=device),
-        any(p != 1.0 for p in penalty),
+        any(p != (1.0, 0.0, 0.0) for p in penalties),
     )
 
 
-def node_presence(counts: WindowCounts, table: NodeTable) -> Tensor:
-    """(n, V) bool: which ids each node's own penalty window holds."""
+def node_counts(counts: WindowCounts, table: NodeTable) -> Tensor:
+    """(n, V) int32: how often each id occurs in each node's own penalty window."""
     per_node = counts.counts[table.rows]  # a copy: (n, V + 1)
     one = torch.ones(table.added.shape, dtype=torch.int32, device=per_node.device)
     per_node.scatter_add_(1, table.added, one).scatter_add_(1, table.dropped, -one)
-    return per_node[:, :-1] > 0
+    return per_node[:, :-1]
 
 
-def penalised_logits(logits: Tensor, present: Tensor | None, table: NodeTable) -> Tensor:
-    """Every node's logits after its own row's repetition penalty (`penalise`, elementwise: as one row alone)."""
-    if present is None or not table.penalised:
+def penalised_logits(logits: Tensor, counts: Tensor | None, table: NodeTable) -> Tensor:
+    """Every node's logits after its own row's penalties (`penalise`, elementwise: as one row alone)."""
+    if counts is None or not table.penalised:
         return logits
-    return penalise(logits, present, table.penalty)
+    return penalise(logits, counts, table.penalty, table.frequency, table.presence)
 
 
 def sampled_choices(scores: Tensor, cfg: SamplingConfig, uniforms: Tensor) -> tuple[Tensor, Tensor, Tensor]:

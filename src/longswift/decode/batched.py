@@ -40,7 +40,7 @@ from .batch_choice import (
     WindowCounts,
     last_accepted,
     lookup,
-    node_presence,
+    node_counts,
     node_table,
     non_finite,
     penalised_logits,
@@ -305,12 +305,12 @@ class BatchDecoder:
             [s.context.host for s in seqs], tries, [s.chooser.cfg for s in seqs], [s.row for s in seqs],
             self.counts.vocab, device,
         )  # fmt: skip
-        present = node_presence(self.counts, table) if table.penalised else None
-        scores = penalised_logits(self.model.logits(nodes), present, table)
+        counts = node_counts(self.counts, table) if table.penalised else None
+        scores = penalised_logits(self.model.logits(nodes), counts, table)
         best, choice = scores.max(-1)  # the greedy rows' choices (sampled rows' are replaced below)
         ok = torch.isfinite(best)
         tops = sample_rows(seqs, tries, offsets, scores, choice, ok)
-        drafts = self._drafts(seqs, tries, offsets, nodes, choice, present, table) if draft else []
+        drafts = self._drafts(seqs, tries, offsets, nodes, choice, counts, table) if draft else []
         parts = [choice.double(), ok.double()] + [d.double().flatten() for d in drafts]
         values = torch.cat(parts).tolist()  # the step's one host read
         self.host_reads += 1
@@ -352,7 +352,7 @@ class BatchDecoder:
         offsets: list[int],
         nodes: Tensor,
         choice: Tensor,
-        present: Tensor | None,
+        counts: Tensor | None,
         table: NodeTable,
     ) -> list[Tensor]:
         """The heads' top tokens per depth from each speculative sequence's last accepted node -> [probs, ids]
@@ -365,8 +365,11 @@ class BatchDecoder:
         # choice[last_flat]: each row's next root (its target's choice at the last accepted node), for conditioned heads
         following = choice[last_flat]
         logits = self.heads.logits(self.model, nodes[last_flat], base=False, blocks=depths, following=following)
-        if present is not None:  # the penalty window of the last accepted node (drafts never change the text)
-            logits = penalise(logits, present[last_flat][None], table.penalty[last_flat][None])
+        if counts is not None:  # the penalty window of the last accepted node (drafts never change the text)
+            at = last_flat
+            logits = penalise(
+                logits, counts[at][None], table.penalty[at][None], table.frequency[at][None], table.presence[at][None]
+            )
         probs, ids = logits.softmax(-1).topk(max(self.spec.tree), dim=-1)
         return [probs, ids]
 

@@ -95,14 +95,20 @@ class _HeadsTop:
         self, model: Transformer, heads: DraftHeads, sampling: SamplingConfig, spec: SpeculationConfig
     ) -> None:
         self.model, self.heads, self.spec = model, heads, spec
+        # Only the target's penalties (a greedy chooser): drafts are ranked on penalised logits, never sampled.
         self.chooser = TokenChooser(
-            SamplingConfig(repetition_penalty=sampling.repetition_penalty, penalty_window=sampling.penalty_window)
+            SamplingConfig(
+                repetition_penalty=sampling.repetition_penalty,
+                penalty_window=sampling.penalty_window,
+                frequency_penalty=sampling.frequency_penalty,
+                presence_penalty=sampling.presence_penalty,
+            )
         )
 
     def top(self, logits: Tensor, context: Tensor) -> Draft:
         """logits (depths, V) fp32 -> the tree's widths of best tokens per depth, with their probabilities."""
         # The target is penalised, so penalised drafts match it more often (drafts never affect the output).
-        logits = apply_penalty(logits, self.chooser.window(context), self.chooser.cfg.repetition_penalty)
+        logits = apply_penalty(logits, self.chooser.window(context), self.chooser.cfg)
         widths = self.spec.tree[: logits.shape[0]]
         probs, ids = logits.softmax(-1).topk(max(widths), dim=-1)
         # One transfer for ids and probabilities of all depths (ids < 2**24 are exact in fp32).

@@ -1,4 +1,4 @@
-"""Choosing a token from one row of logits: repetition penalty, temperature, top-k, top-p, min-p, eta, draw.
+"""Choosing a token from one row of logits: penalties, temperature, top-k, top-p, min-p, eta, draw.
 
 AR decoding and TokenSwift verification call the very same `TokenChooser.choose` on a single row with that
 row's own penalty window, so the two can only differ by the logits they are handed, never by processing.
@@ -17,27 +17,39 @@ from ..config import SamplingConfig
 from ..errors import NumericalError
 
 
-def apply_penalty(logits: Tensor, window: Tensor, penalty: float) -> Tensor:
-    """logits (..., V), window (w,) token ids -> new logits with each token present in `window` penalised once.
+def apply_penalty(logits: Tensor, window: Tensor, cfg: SamplingConfig) -> Tensor:
+    """logits (..., V), window (w,) token ids -> logits after `cfg`'s penalties over that window.
 
-    CTRL-style, as in `transformers`: positive logits are divided by the penalty, negative ones multiplied.
+    CTRL-style, as in `transformers`: positive logits of the tokens present are divided by the repetition penalty,
+    negative ones multiplied; then OpenAI's frequency and presence penalties are subtracted (`penalise`).
     Several rows (e.g. the draft heads' distributions) may share one window.
     """
-    if penalty == 1.0 or window.numel() == 0:
+    if not cfg.penalised or window.numel() == 0:
         return logits
-    # A presence mask instead of window.unique(): no data-dependent shapes, so no host sync on a GPU.
-    present = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-    present[window] = True
-    return penalise(logits, present, penalty)
+    # Counts by index_add instead of window.unique()/bincount(): no data-dependent shapes, so no host sync on a GPU.
+    counts = torch.zeros(logits.shape[-1], dtype=torch.int32, device=logits.device)
+    counts.index_add_(0, window, torch.ones_like(window, dtype=torch.int32))
+    return penalise(logits, counts, cfg.repetition_penalty, cfg.frequency_penalty, cfg.presence_penalty)
 
 
-def penalise(logits: Tensor, present: Tensor, penalty: float | Tensor) -> Tensor:
-    """logits (..., V), present (..., V) bool (broadcastable) -> the CTRL penalty applied where present.
+def penalise(
+    logits: Tensor,
+    counts: Tensor,
+    penalty: float | Tensor,
+    frequency: float | Tensor = 0.0,
+    presence: float | Tensor = 0.0,
+) -> Tensor:
+    """logits (..., V), counts (..., V) int (broadcastable): occurrences in the window -> the penalised logits.
 
     The one formula behind `apply_penalty` and batched decoding's per-node windows (decode/batch_choice.py), where
-    `penalty` is a (n, 1) column of each row's own penalty (1.0 leaves a row exactly as it is).
+    each penalty is a (n, 1) column of every row's own value (1.0 / 0.0 leave a row exactly as it is: x / 1 and
+    x - 0 are exact). The frequency and presence terms are formed and subtracted in the same order in both.
     """
-    return torch.where(present, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+    present = counts > 0
+    out = torch.where(present, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+    if isinstance(frequency, Tensor) or isinstance(presence, Tensor) or frequency or presence:
+        out = out - (counts.to(out.dtype) * frequency + present.to(out.dtype) * presence)
+    return out
 
 
 def warp(logits: Tensor, cfg: SamplingConfig) -> Tensor:
@@ -144,7 +156,7 @@ class TokenChooser:
 
     def distribution(self, logits: Tensor, context: Tensor) -> Tensor:
         """logits (V,) fp32, context (n,) ids ending right before the chosen token -> probabilities (V,)."""
-        logits = apply_penalty(logits, self.window(context), self.cfg.repetition_penalty)
+        logits = apply_penalty(logits, self.window(context), self.cfg)
         return warp(logits, self.cfg).softmax(-1)
 
     def choose(self, logits: Tensor, context: Tensor) -> int:
@@ -154,7 +166,7 @@ class TokenChooser:
         such a row returns an arbitrary token, and a long job would silently turn into noise.
         """
         if self.cfg.greedy:
-            scores = apply_penalty(logits, self.window(context), self.cfg.repetition_penalty)
+            scores = apply_penalty(logits, self.window(context), self.cfg)
             if self.margins is not None:
                 return self._argmax_with_margin(scores, context)
             best, index = scores.max(-1)

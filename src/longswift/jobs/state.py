@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from ..config import SamplingConfig
 from ..errors import LongswiftError, OutputError, ResumeError
 from ..files import atomic_write
 
@@ -81,11 +82,17 @@ class JobState:
         # Speculation settings only choose which candidates are verified, never the tokens, so a job may resume
         # with others (e.g. after a change of device defaults).
         for key in sorted((set(self.config) | set(other.config)) - {"speculation", "tp"}):
-            if self.config.get(key) != other.config.get(key):
-                raise ResumeError(
-                    f"checkpoint was made with {key}={self.config.get(key)!r}, "
-                    f"this run has {key}={other.config.get(key)!r}"
-                )
+            saved, fresh = _with_defaults(key, self.config.get(key)), _with_defaults(key, other.config.get(key))
+            if saved != fresh:
+                raise ResumeError(f"checkpoint was made with {key}={saved!r}, this run has {key}={fresh!r}")
+
+
+def _with_defaults(key: str, value: Any) -> Any:
+    """A saved setting with the fields it predates filled in at their defaults (a checkpoint from before
+    `frequency_penalty` existed was made with none), so that older checkpoints still resume."""
+    if key == "sampling" and isinstance(value, dict):
+        return {**json.loads(json.dumps(asdict(SamplingConfig()))), **value}
+    return value
 
 
 def _digest(payload: dict[str, Any]) -> str:

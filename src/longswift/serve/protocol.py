@@ -3,7 +3,9 @@
 Standard fields map onto longswift's settings (`temperature` 0 is greedy); the long-generation ones are
 documented extensions a client sends beside them (`extra_body` in the `openai` package): `top_k`, `min_p`,
 `eta`, `repetition_penalty`, `penalty_window`, `ignore_eos`, `mode` and `job_id`. Fields a request leaves out
-take the server's defaults. Responses carry the TokenSwift statistics in an extra top-level field `longswift`.
+take the server's defaults. `frequency_penalty` and `presence_penalty` are OpenAI's, counted over the same
+window as `repetition_penalty` (the last `penalty_window` ids, prompt included; OpenAI counts the text so far).
+Responses carry the TokenSwift statistics in an extra top-level field `longswift`.
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ class _Body(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     n: int = 1
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
     # Extensions (documented in the README): the long-generation settings and resumable jobs.
     top_k: int | None = Field(None, ge=0)
     min_p: float | None = None
@@ -142,13 +144,6 @@ def _content(message: Message) -> str:
 def _refuse_unsupported(body: _Body) -> None:
     if body.n != 1:
         raise ApiError(400, f"n must be 1 (one generation per request), got {body.n}", param="n")
-    if body.frequency_penalty or body.presence_penalty:
-        raise ApiError(
-            400,
-            "frequency_penalty and presence_penalty are not supported; use the extension field "
-            "repetition_penalty (with penalty_window)",
-            param="frequency_penalty",
-        )
     if body.job_id is not None and not JOB_ID.fullmatch(body.job_id):
         raise ApiError(
             400,
@@ -184,7 +179,17 @@ def _sampling(body: _Body, defaults: GenerationDefaults) -> SamplingConfig:
     """The server's default sampling with the request's fields on top (a bad value raises ConfigError -> 400)."""
     changes = {
         name: getattr(body, name)
-        for name in ("temperature", "top_p", "top_k", "min_p", "eta", "repetition_penalty", "penalty_window")
+        for name in (
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "eta",
+            "repetition_penalty",
+            "penalty_window",
+            "frequency_penalty",
+            "presence_penalty",
+        )
     }
     return dataclasses.replace(defaults.sampling, **{k: v for k, v in changes.items() if v is not None})
 
