@@ -13,6 +13,7 @@ held-out prompt of CONTEXT tokens, then NEW sampled tokens) for:
 and prints, per variant, the step cost that would reach 1.25x at its own tokens per step. `--forwards` instead times
 the bare verification forward (no drafting, no sampling): 1 node (an AR step) against 2 nodes (root and one draft)
 through the dense bias and through the cascade, at each context, which is what a 2-node step cannot go below.
+`--dtype bf16` runs the model (and its cache) in bfloat16 instead of the CPU default fp32.
 Rounds run every variant once, in a rotated order, so drift of this 2-core VM's speed hits all of them alike; the
 JSON keeps every run.
 
