@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from longswift.config import SamplingConfig, SpeculationConfig
-from longswift.decode.bound import bounds, chain_bound, repeating_steps, top_mass, with_steps
+from longswift.decode.bound import bounds, chain_bound, node_budget_bound, repeating_steps, top_mass, with_steps
 from longswift.decode.sampling import TokenChooser, TopRecord
 
 
@@ -33,6 +33,53 @@ def test_tree_bound_uses_the_mass_of_the_widest_level():
     assert b.top1_chain_bound == pytest.approx(1.7) and b.tree_bound == pytest.approx(2.03)
     greedy = bounds(None, 4, depth=3, width=3)
     assert greedy.top1_mean == 1.0 and greedy.top1_chain_bound == greedy.tree_bound == pytest.approx(3.25)
+
+
+def test_node_budget_bound_by_hand():
+    tops = [[0.5, 0.3, 0.2], [0.6, 0.1, 0.1]]
+    # 2 nodes: the root and the top token (t=0: 1.5, t=1: 1.6).
+    assert node_budget_bound(tops, 2) == pytest.approx(1.55) == chain_bound([0.5, 0.6], 1)
+    # 3 nodes at t=0: the top token (.5), then its child (.5*.6 = .3) ties its sibling (.3): 1.8 either way;
+    # at t=1 (the last token: no level below) the two most likely tokens, 1.7.
+    assert node_budget_bound(tops, 3) == pytest.approx((1.8 + 1.7) / 2)
+    # 4 nodes at t=0: .5, .3 and .3 -> 2.1; t=1: all three tokens, 1.8.
+    assert node_budget_bound(tops, 4) == pytest.approx((2.1 + 1.8) / 2)
+    assert node_budget_bound(tops, 1) == 1.0 and node_budget_bound([], 3) == 0.0
+    # One probability per row: every tree is a chain.
+    assert node_budget_bound([[0.5], [0.4], [1.0]], 3) == pytest.approx(chain_bound([0.5, 0.4, 1.0], 2))
+    assert node_budget_bound([[1.0]] * 5, 4) == pytest.approx(chain_bound([1.0] * 5, 3))  # greedy
+    with pytest.raises(ValueError):
+        node_budget_bound(tops, 0)
+
+
+def _best_tree_by_search(tops: list[list[float]], t: int, nodes: int) -> float:
+    """1 + the best sum of path probabilities over every prefix-closed set of nodes - 1 nodes, by brute force."""
+    from itertools import combinations, product
+
+    def prob(path: tuple[int, ...]) -> float:
+        out = 1.0
+        for level, index in enumerate(path):
+            out *= tops[t + level][index]
+        return out
+
+    levels = min(nodes - 1, len(tops) - t)
+    paths = [p for d in range(1, levels + 1) for p in product(*(range(len(tops[t + i])) for i in range(d)))]
+    best = 0.0
+    for chosen in combinations(paths, min(nodes - 1, len(paths))):
+        kept = set(chosen)
+        if all(p[:-1] in kept or len(p) == 1 for p in chosen):
+            best = max(best, sum(prob(p) for p in chosen))
+    return 1.0 + best
+
+
+def test_node_budget_bound_is_the_best_tree_of_any_shape():
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(6):
+        rows = torch.rand(4, 3, generator=generator)
+        rows = (rows / rows.sum(-1, keepdim=True) * 0.9).sort(-1, descending=True).values.tolist()
+        for nodes in (2, 3, 4):
+            exact = sum(_best_tree_by_search(rows, t, nodes) for t in range(len(rows))) / len(rows)
+            assert node_budget_bound(rows, nodes) == pytest.approx(exact)
 
 
 def test_shares_of_the_bound_and_of_repetition():
@@ -106,3 +153,27 @@ def test_every_generation_reports_its_bounds(tiny_llama, greedy):
     assert ts["bound_share"] == pytest.approx(ts["mean_accepted"] / ts["top1_chain_bound"])
     assert 0.0 <= ts["repetition_share"] <= 1.0
     assert (ar["top1_mean"] == 1.0) == greedy and ts["tree_bound"] >= ts["top1_chain_bound"]
+
+
+def test_the_ceiling_script_recovers_the_distributions_ar_drew_from():
+    """scripts/sampled_ceiling.py recomputes, teacher-forced, the distribution every AR token was drawn from: its
+    top-1 mean must be the one AR recorded while sampling, and its bounds must order as trees do."""
+    import importlib.util
+    from pathlib import Path
+
+    import longswift
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "sampled_ceiling.py"
+    spec = importlib.util.spec_from_file_location("sampled_ceiling", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    row = script.measure(longswift.load(threads=1), 96, 24, [1, 2, 3], 1)
+    assert row["top1_mean"] == pytest.approx(row["top1_mean_recorded_by_ar"], abs=1e-4)
+    one, two, three = (row["budgets"][n] for n in ("1", "2", "3"))
+    assert one["best_tree_tokens_per_step"] == 1.0 and one["cost_in_ar_steps"] == 1.0
+    assert two["best_tree_tokens_per_step"] == pytest.approx(1 + row["top1_mean"], abs=1e-3)
+    assert three["best_tree_tokens_per_step"] >= max(three["chain_tokens_per_step"], three["star_tokens_per_step"])
+    assert three["ceiling_vs_ar"] == pytest.approx(
+        three["best_tree_tokens_per_step"] / three["cost_in_ar_steps"], abs=2e-3
+    )

@@ -19,6 +19,10 @@ path did not take the top token; (2) the mean is over positions t, not over the 
 start; (3) terms that would reach past the last generated token are dropped. For greedy decoding p = m = 1 and the
 bound is simply d + 1.
 
+- **node-budget bound** (n verified nodes, root included): the best tree of any shape with n nodes, under the same
+  approximation (1): a node reached by the i_1-th, ..., i_d-th most likely tokens at levels 1..d is accepted with
+  the product of those probabilities, and the step emits 1 + the sum over its non-root nodes. Put beside what n
+  nodes cost to verify, it is the most any drafter can gain per unit of verification cost (`node_budget_bound`).
 - **repetition share**: a step *repeats* if it accepted at least one draft token and its accepted draft tokens,
   together with the REPEAT_CONTEXT decided tokens before them, occur at an earlier start in the transcript (prompt
   included; the earlier occurrence may overlap). The share is repeating steps / all steps; the repeated-token share
@@ -27,6 +31,7 @@ bound is simply d + 1.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -59,6 +64,38 @@ def top_mass(tops: Sequence[Sequence[float]], width: int) -> list[float]:
     if width < 1:
         raise ValueError(f"width must be >= 1, got {width}")
     return [min(1.0, sum(row[:width])) for row in tops]
+
+
+def node_budget_bound(tops: Sequence[Sequence[float]], nodes: int) -> float:
+    """Mean over t of 1 + the largest sum of path probabilities over trees of `nodes` nodes (root included).
+
+    tops[t]: the largest probabilities of token t's distribution, descending. Path probabilities only shrink along
+    a path and across siblings, so the best tree is the nodes - 1 largest of them, found best-first: a popped node
+    offers its first child and its next sibling. Levels past the last token and siblings past a row's width are
+    not offered. nodes=2 is the depth-1 chain bound; with one probability per row every tree is a chain.
+    """
+    if nodes < 1:
+        raise ValueError(f"nodes must be >= 1, got {nodes}")
+    n, total = len(tops), 0.0
+    for t in range(n):
+        # entries: (-path probability, depth d >= 1, sibling index at level d, probability of the parent path)
+        frontier: list[tuple[float, int, int, float]] = []
+        if nodes > 1 and tops[t]:
+            frontier.append((-tops[t][0], 1, 0, 1.0))
+        step = 1.0
+        for _ in range(nodes - 1):
+            if not frontier:
+                break
+            neg, depth, index, parent = heapq.heappop(frontier)
+            prob = -neg
+            step += prob
+            row = tops[t + depth - 1]
+            if index + 1 < len(row) and row[index + 1] > 0.0:
+                heapq.heappush(frontier, (-parent * row[index + 1], depth, index + 1, parent))
+            if t + depth < n and tops[t + depth] and tops[t + depth][0] > 0.0:
+                heapq.heappush(frontier, (-prob * tops[t + depth][0], depth + 1, 0, prob))
+        total += step
+    return total / n if n else 0.0
 
 
 def repeating_steps(
