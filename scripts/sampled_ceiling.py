@@ -27,7 +27,6 @@ the forwards are synchronised before and after each timing.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from sampled_costs import write_report  # the companion script in this folder (on sys.path when run as a script)
 
 import longswift
 from longswift import GenerationRequest, SamplingConfig
@@ -160,22 +160,24 @@ def main() -> None:
     for context in (int(c) for c in args.contexts.split(",")):
         row = measure(engine, context, args.new, budgets, args.rounds)
         report["contexts"][str(context)] = row
-        print(
-            f"context {context}: top-1 mean {row['top1_mean']} (AR recorded {row['top1_mean_recorded_by_ar']}), "
-            f"AR {row['ar_ms_per_token_measured']} ms/token measured",
-            flush=True,
+        print("\n".join(context_lines(context, row)), flush=True)
+    write_report(report, args.out)
+
+
+def context_lines(context: int, row: dict[str, Any]) -> list[str]:
+    """The console summary of one context's `measure` row: its AR figures, then a line per node budget."""
+    lines = [
+        f"context {context}: top-1 mean {row['top1_mean']} (AR recorded {row['top1_mean_recorded_by_ar']}), "
+        f"AR {row['ar_ms_per_token_measured']} ms/token measured"
+    ]
+    for n, b in row["budgets"].items():
+        lines.append(
+            f"  {n} nodes: verify {b['verify_ms']:7.3f} ms ({b['cost_in_ar_steps']:.3f} AR)  best tree "
+            f"{b['best_tree_tokens_per_step']:.3f} tok/step (chain {b['chain_tokens_per_step']:.3f}, star "
+            f"{b['star_tokens_per_step']:.3f})  ceiling {b['ceiling_vs_ar']:.3f}x AR  "
+            f"({TARGET}x needs {b['tokens_per_step_for_target']:.3f} tok/step)"
         )
-        for n, b in row["budgets"].items():
-            print(
-                f"  {n} nodes: verify {b['verify_ms']:7.3f} ms ({b['cost_in_ar_steps']:.3f} AR)  best tree "
-                f"{b['best_tree_tokens_per_step']:.3f} tok/step (chain {b['chain_tokens_per_step']:.3f}, star "
-                f"{b['star_tokens_per_step']:.3f})  ceiling {b['ceiling_vs_ar']:.3f}x AR  "
-                f"({TARGET}x needs {b['tokens_per_step_for_target']:.3f} tok/step)",
-                flush=True,
-            )
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    return lines
 
 
 if __name__ == "__main__":

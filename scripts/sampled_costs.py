@@ -189,9 +189,15 @@ def main() -> None:
                 f"1.25x needs <= {row['step_ms_for_target']:.2f} ms/step  identical {row['identical_to_ar']}",
                 flush=True,
             )
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    write_report(report, args.out)
+
+
+def write_report(report: dict[str, Any], out: Path | None) -> None:
+    """Write `report` as indented JSON to `out` (its folder created), or nothing when `out` is None; shared with
+    sampled_ceiling.py, which reports the same way."""
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ figures every generation's stats carry."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -155,7 +157,7 @@ def test_every_generation_reports_its_bounds(tiny_llama, greedy):
     assert (ar["top1_mean"] == 1.0) == greedy and ts["tree_bound"] >= ts["top1_chain_bound"]
 
 
-def test_the_ceiling_script_recovers_the_distributions_ar_drew_from():
+def test_the_ceiling_script_recovers_the_distributions_ar_drew_from(monkeypatch, tmp_path):
     """scripts/sampled_ceiling.py recomputes, teacher-forced, the distribution every AR token was drawn from: its
     top-1 mean must be the one AR recorded while sampling, and its bounds must order as trees do."""
     import importlib.util
@@ -163,7 +165,9 @@ def test_the_ceiling_script_recovers_the_distributions_ar_drew_from():
 
     import longswift
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "sampled_ceiling.py"
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    monkeypatch.syspath_prepend(str(scripts))  # as when run as a script: its companion sampled_costs.py imports
+    path = scripts / "sampled_ceiling.py"
     spec = importlib.util.spec_from_file_location("sampled_ceiling", path)
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
@@ -177,3 +181,7 @@ def test_the_ceiling_script_recovers_the_distributions_ar_drew_from():
     assert three["ceiling_vs_ar"] == pytest.approx(
         three["best_tree_tokens_per_step"] / three["cost_in_ar_steps"], abs=2e-3
     )
+    lines = script.context_lines(96, row)
+    assert len(lines) == 4 and lines[0].startswith("context 96: top-1 mean") and "3 nodes" in lines[3]
+    script.write_report({"contexts": {"96": row}}, tmp_path / "sub" / "ceiling.json")
+    assert json.loads((tmp_path / "sub" / "ceiling.json").read_text())["contexts"]["96"] == row
