@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from tools.default_model import corpus, prompts, quality, train_base
+from tools.default_model import corpus, prompts, quality, train_base, training
 
 
 def _doc(path: str, chars: int) -> corpus.Document:
@@ -58,36 +58,36 @@ def test_prompts_come_from_held_out_units_in_line_aligned_windows(tmp_path):
 def test_a_resume_with_a_new_schedule_or_windows_is_recorded_as_a_stage(tmp_path):
     config, settings, stream = _tiny_training(tmp_path, 4)
     model, state = train_base.build_model(config, 1), tmp_path / "state"
-    assert len(train_base.train(model, stream, settings, state)["stages"]) == 1
-    longer = train_base.TrainSettings(**{**settings.__dict__, "steps": 6, "seq_len": 32, "batch_size": 1})
-    run = train_base.train(model, stream, longer, state, resume=True)
+    assert len(training.train(model, stream, settings, state)["stages"]) == 1
+    longer = training.TrainSettings(**{**settings.__dict__, "steps": 6, "seq_len": 32, "batch_size": 1})
+    run = training.train(model, stream, longer, state, resume=True)
     assert [(s["from_step"], s["settings"]["seq_len"]) for s in run["stages"]] == [(0, 16), (4, 32)]
-    assert train_base.tokens_seen(run["stages"], run["steps_done"]) == 4 * 2 * 16 + 2 * 1 * 32
-    again = train_base.TrainSettings(**{**longer.__dict__, "steps": 8, "log_every": 1, "save_every": 1})
-    assert len(train_base.train(model, stream, again, state, resume=True)["stages"]) == 3  # only `steps` counts
+    assert training.tokens_seen(run["stages"], run["steps_done"]) == 4 * 2 * 16 + 2 * 1 * 32
+    again = training.TrainSettings(**{**longer.__dict__, "steps": 8, "log_every": 1, "save_every": 1})
+    assert len(training.train(model, stream, again, state, resume=True)["stages"]) == 3  # only `steps` counts
 
 
 def test_a_rerun_curriculum_records_no_stage_for_a_stage_already_finished(tmp_path):
     config, settings, stream = _tiny_training(tmp_path, 4)
     model, state = train_base.build_model(config, 1), tmp_path / "state"
-    longer = train_base.TrainSettings(**{**settings.__dict__, "steps": 6, "seq_len": 32, "batch_size": 1})
-    train_base.train(model, stream, settings, state, save_at_end=True)
-    train_base.train(model, stream, longer, state, resume=True, save_at_end=True)
-    rerun = train_base.train(model, stream, settings, state, resume=True)  # `build --resume`: stage 1 is done
+    longer = training.TrainSettings(**{**settings.__dict__, "steps": 6, "seq_len": 32, "batch_size": 1})
+    training.train(model, stream, settings, state, save_at_end=True)
+    training.train(model, stream, longer, state, resume=True, save_at_end=True)
+    rerun = training.train(model, stream, settings, state, resume=True)  # `build --resume`: stage 1 is done
     assert rerun["steps_done"] == 6 and [s["from_step"] for s in rerun["stages"]] == [0, 4]
 
 
 def test_the_build_trains_the_shipped_base_curriculum_unless_told_what_to_train():
-    stages = train_base.base_stages(train_base.TrainSettings())
+    stages = train_base.base_stages(training.TrainSettings())
     assert stages == list(train_base.BASE_CURRICULUM)
     assert [(s.steps, s.seq_len, s.batch_size, s.schedule_steps) for s in stages] == [
         (1200, 2048, 2, None),
         (1300, 2048, 2, 2000),
         (1800, 4096, 1, None),
     ]
-    watched = train_base.base_stages(train_base.TrainSettings(max_minutes=30, log_every=5))
+    watched = train_base.base_stages(training.TrainSettings(max_minutes=30, log_every=5))
     assert [(s.steps, s.max_minutes, s.log_every) for s in watched] == [(1200, 30, 5), (1300, 30, 5), (1800, 30, 5)]
-    smoke = train_base.TrainSettings(steps=5, warmup_steps=1)
+    smoke = training.TrainSettings(steps=5, warmup_steps=1)
     assert train_base.base_stages(smoke) == [smoke]
 
 
@@ -100,7 +100,7 @@ def test_line_stats_count_runs_of_one_line_and_of_blank_lines():
 
 def _tiny_training(tmp_path, steps: int):
     config = train_base.build_config(train_base.ModelShape(32, 64, 2, 2, 1), vocab_size=97, eos_id=0)
-    settings = train_base.TrainSettings(
+    settings = training.TrainSettings(
         steps=steps, seq_len=16, batch_size=2, warmup_steps=1, log_every=100, save_every=2, bf16=False
     )
     stream = torch.randint(0, 97, (4000,), generator=torch.Generator().manual_seed(0))
@@ -110,18 +110,18 @@ def _tiny_training(tmp_path, steps: int):
 def test_an_interrupted_base_training_resumes_to_the_same_weights(tmp_path):
     config, settings, stream = _tiny_training(tmp_path, 6)
     straight = train_base.build_model(config, 1)
-    train_base.train(straight, stream, settings)
+    training.train(straight, stream, settings)
     # A run that saves only at step 4 stands for one killed after step 4: its state dir holds step 4.
     state = tmp_path / "state"
-    train_base.train(
+    training.train(
         train_base.build_model(config, 1),
         stream,
-        train_base.TrainSettings(**{**settings.__dict__, "save_every": 4}),
+        training.TrainSettings(**{**settings.__dict__, "save_every": 4}),
         state,
     )
     assert json.loads((state / "state.json").read_text())["progress"]["step"] == 4
     resumed = train_base.build_model(config, 7)  # other initial weights: all must come from the state
-    assert train_base.train(resumed, stream, settings, state, resume=True)["steps_done"] == 6
+    assert training.train(resumed, stream, settings, state, resume=True)["steps_done"] == 6
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state"]  # no .tmp / .old left behind

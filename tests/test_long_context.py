@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from tools.default_model import long_context, long_docs, long_quality, train_base
+from tools.default_model import long_context, long_docs, long_quality, train_base, training
 
 
 def count_chars(text: str) -> int:
@@ -52,7 +52,7 @@ def test_the_curriculum_is_one_schedule_over_its_stages():
     settings = long_context.LongSettings(stages=((64, 3), (128, 2)), lr=1e-3, warmup_steps=1)
     first, second = settings.stage_settings()
     assert (first.steps, first.seq_len, second.steps, second.seq_len) == (3, 64, 5, 128)
-    lrs = [train_base.lr_at(step, first if step < 3 else second) for step in range(5)]
+    lrs = [training.lr_at(step, first if step < 3 else second) for step in range(5)]
     assert lrs[1] == pytest.approx(1e-3) and all(a >= b for a, b in zip(lrs, lrs[1:]))  # no jump between stages
     assert lrs[4] < lrs[2] < lrs[1]
     assert long_context.parse_stages("8192:180,16384:110") == ((8192, 180), (16384, 110))
@@ -66,9 +66,9 @@ def test_the_32k_phase_is_pinned_as_the_steps_it_ran_of_a_longer_schedule():
     # those steps is the one the shipped run used, and the schedule has not reached its end.
     (stage,) = long_context.LONG32.stage_settings()
     assert (stage.steps, stage.seq_len, stage.schedule_steps) == (42, 32768, 60)
-    full = train_base.TrainSettings(**{**stage.__dict__, "steps": 60})
-    assert [train_base.lr_at(s, stage) for s in range(42)] == [train_base.lr_at(s, full) for s in range(42)]
-    assert train_base.lr_at(41, stage) > train_base.lr_at(59, full)
+    full = training.TrainSettings(**{**stage.__dict__, "steps": 60})
+    assert [training.lr_at(s, stage) for s in range(42)] == [training.lr_at(s, full) for s in range(42)]
+    assert training.lr_at(41, stage) > training.lr_at(59, full)
     assert long_context.metrics_file() == long_context.METRICS_FILE
     assert long_context.metrics_file(long_context.LONG32_TAG) == "long32_metrics.json"
 
@@ -78,12 +78,12 @@ def test_a_curriculum_stage_resumes_from_the_last_step_of_the_previous_one(tmp_p
     stream = torch.randint(0, 97, (4000,), generator=torch.Generator().manual_seed(0))
     settings = long_context.LongSettings(stages=((16, 3), (32, 2)), warmup_steps=1, save_every=2)
     first, second = (
-        train_base.TrainSettings(**{**s.__dict__, "bf16": False, "log_every": 100}) for s in settings.stage_settings()
+        training.TrainSettings(**{**s.__dict__, "bf16": False, "log_every": 100}) for s in settings.stage_settings()
     )
     model, state = train_base.build_model(config, 1), tmp_path / "state"
-    train_base.train(model, stream, first, state, save_at_end=True)
+    training.train(model, stream, first, state, save_at_end=True)
     assert json.loads((state / "state.json").read_text())["progress"]["step"] == 3  # not only the step-2 save
-    run = train_base.train(model, stream, second, state, resume=True, save_at_end=True)
+    run = training.train(model, stream, second, state, resume=True, save_at_end=True)
     assert run["steps_done"] == 5 and [s["from_step"] for s in run["stages"]] == [0, 3]
 
 

@@ -40,7 +40,8 @@ from transformers import AutoModelForCausalLM
 
 from .corpus import DEFAULT_WORK
 from .long_docs import build_long_docs, read_units, write_long_docs
-from .train_base import DEFAULT_OUT, TrainSettings, encode_stream, evaluate, save_model, start_run, tokens_seen, train
+from .train_base import DEFAULT_OUT, encode_stream, save_model, start_run
+from .training import TrainSettings, evaluate, tokens_seen, train
 
 STATE_DIR = "long_state"  # f"{TAG}_state"
 METRICS_FILE = "long_metrics.json"  # metrics_file(TAG)
