@@ -134,6 +134,15 @@ def measure(engine: Any, context: int, new: int, budgets: list[int], rounds: int
     }
 
 
+def parse_budgets(parser: argparse.ArgumentParser, nodes: str) -> list[int]:
+    """`--nodes` as sorted budgets; 1 must be among them, since every cost is measured against it (shared with
+    shape_costs.py)."""
+    budgets = sorted({int(n) for n in nodes.split(",")})
+    if budgets[0] != 1:
+        parser.error("--nodes must include 1 (the AR step every cost is measured against)")
+    return budgets
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--contexts", default="8192,20480", help="prompt lengths (held-out prompt tokens)")
@@ -144,9 +153,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=None, help="write the report as JSON")
     args = parser.parse_args()
-    budgets = sorted({int(n) for n in args.nodes.split(",")})
-    if budgets[0] != 1:
-        parser.error("--nodes must include 1 (the AR step every cost is measured against)")
+    budgets = parse_budgets(parser, args.nodes)
     torch.set_num_threads(args.threads)
     engine = longswift.load(device=args.device, threads=args.threads)
     report: dict[str, Any] = {
