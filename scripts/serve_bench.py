@@ -26,21 +26,9 @@ from pathlib import Path
 
 import httpx
 import openai
+from serve_client import start_server  # the companion module in this folder (on sys.path when run as a script)
 
 PROMPT = "ACT I. SCENE I.\nLondon. A room in the palace.\n\nEnter the KING, GLOUCESTER, and attendants.\n\nKING.\n"
-
-
-def start_server(model: list[str]) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "longswift", "serve", "--port", "0", "--log-level", "warning", *model],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    for line in proc.stderr:
-        if "ready on " in line:
-            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-            return proc, line.split("ready on ")[1].split()[0]
-    raise SystemExit("server did not start")
 
 
 def run_generate(model: list[str], tokens: int, tmp: Path) -> tuple[float, float, str]:
@@ -181,7 +169,7 @@ def main() -> None:
         hand_off(args.tokens, args.repeats)
         return
     model = ["--model", args.model] if args.model else []
-    proc, url = start_server([*model, "--max-batch", str(args.max_batch)])
+    proc, url = start_server(*model, "--max-batch", str(args.max_batch))
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=3600)
     name = client.models.list().data[0].id
     run_stream(client, name, 64)  # warm-up
