@@ -19,7 +19,7 @@ import longswift
 from longswift.jobs.state import JobState
 from longswift.serve import ServeConfig
 
-from .test_serve import KEY, ProcessServer, ThreadServer, wait_for
+from .serve_harness import KEY, ProcessServer, ThreadServer, wait_for
 
 MODEL = "longswift-default"
 

@@ -18,7 +18,7 @@ from longswift.serve import ServeConfig
 from longswift.serve.protocol import ApiError, ServeRequest
 from longswift.serve.worker import Worker, busy_message
 
-from .test_serve import ThreadServer, wait_for
+from .serve_harness import ThreadServer, wait_for
 from .test_serve_batch import parse
 
 MODEL = "longswift-default"

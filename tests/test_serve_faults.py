@@ -22,7 +22,7 @@ from longswift.serve import ServeConfig
 from longswift.serve.app import create_app
 from longswift.serve.timeouts import timed_protocol
 
-from .test_serve import wait_for
+from .serve_harness import wait_for
 
 MODEL = "longswift-default"
 KEY = "clé-ключ-🔑"  # not ASCII: comparing str keys raised TypeError (a 500) for every request
