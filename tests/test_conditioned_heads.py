@@ -125,12 +125,16 @@ def test_the_released_format_refuses_conditioned_heads(tiny_llama, tmp_path):
 
 
 def drafted_pairs(engine, monkeypatch, drafter, pair) -> list[tuple[int, int]]:
-    """Generate with `drafter` (a class) on a (1, 1) tree; `pair(context, draft)` -> (draft token, expected)."""
+    """Generate with `drafter` (a class) on a (1, 1) tree; `pair(context, draft)` -> (draft token, expected).
+
+    The drafts are made without the draws' noise, so each level leads with the head's best token (what the echo
+    heads make predictable); a coupled draft would lead with a token drawn from the head's distribution instead
+    (test_coupled_drafts.py)."""
     seen: list[tuple[int, int]] = []
     propose = drafter.propose
 
-    def spy(self, context, full, log):
-        draft = propose(self, context, full, log)
+    def spy(self, context, full, log, noise=None):
+        draft = propose(self, context, full, log, None)
         if draft.tokens:
             seen.append(pair(context, draft))
         return draft

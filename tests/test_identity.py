@@ -54,15 +54,15 @@ def test_greedy_margin_is_best_minus_second_best_after_the_penalty():
     assert chooser.margins == pytest.approx([0.5, 1.5])
 
 
-def test_sampled_margin_is_the_draw_distance_to_the_chosen_interval_edge():
+def test_sampled_margin_is_the_log_gap_between_the_two_best_race_scores():
     probs = torch.tensor([0.25, 0.5, 0.25])
     generator = torch.Generator().manual_seed(0)
-    u = float(torch.rand((), generator=torch.Generator().manual_seed(0)))
+    u = torch.rand(3, generator=torch.Generator().manual_seed(0))
+    scores = (probs.double() / -u.double().log()).sort(descending=True).values
     chooser = TokenChooser(SamplingConfig(temperature=1.0), generator, record_margins=True)
     token = chooser.draw(probs)
-    edges = [0.0, 0.25, 0.75, 1.0]
-    assert edges[token] <= u < edges[token + 1]
-    assert chooser.margins == pytest.approx([min(u - edges[token], edges[token + 1] - u)])
+    assert token == int((probs.double() / -u.double().log()).argmax())
+    assert chooser.margins == pytest.approx([float((scores[0] / scores[1]).log())])
 
 
 def test_recorded_margins_align_with_the_tokens_and_do_not_change_them(tiny_llama):

@@ -88,8 +88,8 @@ def _recording_drafts(monkeypatch) -> list[Draft]:
     drafts: list[Draft] = []
     original = _HeadsTop.top
 
-    def top(self, logits, context):
-        drafts.append(original(self, logits, context))
+    def top(self, logits, context, noise=None):
+        drafts.append(original(self, logits, context, noise))
         return drafts[-1]
 
     monkeypatch.setattr(_HeadsTop, "top", top)

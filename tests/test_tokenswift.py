@@ -101,7 +101,7 @@ class OracleDrafter:
     def observe(self, hidden) -> None:
         pass
 
-    def propose(self, context, full, log) -> Draft:
+    def propose(self, context, full, log, noise=None) -> Draft:
         done = context.shape[0] - self.prompt_len
         levels = []
         for depth, width in enumerate(self.tree):

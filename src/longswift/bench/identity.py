@@ -9,16 +9,16 @@ not a bug; the 102,400-token run's divergence at token 40,108 was one (AR's marg
 at that logit).
 
 Every choice therefore records its *decision margin* when asked (`TokenChooser.margins`): for a greedy choice the
-gap between the best and second-best penalised logit; for a sampled one the distance, in probability, of the
-uniform draw from the nearest boundary of the chosen token's interval in the cumulative distribution. At the
+gap between the best and second-best penalised logit; for a sampled one the gap between the best and
+second-best race score (`sampling.race_scores`) in log units, where a logit difference of d moves a score by at
+most d (with temperature 1; d / T otherwise). At the
 first position where two runs differ, the reference run's margin there classifies the difference:
   near-tie   margin < `near_tie_bound(dtype)`: a rounding difference decided the token (the outputs still differ,
              and say so);
   mismatch   a larger margin: no rounding explains it; an error, reported loudly.
   unverified the dtype has no measured bound (bf16, fp16): their rounding differences between forward shapes are
              large enough (tenths of a logit) to explain most margins, so nothing can be concluded; compare in fp32.
-The bound is 1e-4 in fp32, about seven times the largest logit difference measured between the two paths (and a
-difference of d in logits moves probabilities by at most d).
+The bound is 1e-4 in fp32, about seven times the largest logit difference measured between the two paths.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 In single-sequence TokenSwift the walk asks the chooser for one node at a time, and each answer is a host read
 (a GPU sync). Here every node of every sequence is decided up front, with exactly the arithmetic of
-`TokenChooser.choose` (the same `penalise`, `warp` and inverse-CDF draw, elementwise or row by row), so the walk
-is a lookup:
+`TokenChooser.choose` (the same `penalise`, `warp` and race over the draw's noise, elementwise or row by row), so
+the walk is a lookup:
 
 - greedy: the argmax of the node's penalised logits;
-- sampled: the walk visits one node per depth, and AR would consume one uniform per token, so the uniform of
+- sampled: the walk visits one node per depth, and AR would consume one noise vector per token, so the noise of
   depth d is the step's (d+1)-th draw from the sequence's generator, shared by every node at depth d. After the
   walk the generator is rewound and advanced by exactly the number of tokens emitted (`Uniforms.settle`), so the
   stream of draws is AR's, token for token.
@@ -28,7 +28,7 @@ from torch import Tensor
 from ..config import SamplingConfig
 from ..errors import NumericalError
 from .drafting import Draft
-from .sampling import penalise, warp
+from .sampling import noise, penalise, race_scores, warp
 from .tree import Trie
 
 
@@ -134,18 +134,15 @@ def penalised_logits(logits: Tensor, counts: Tensor | None, table: NodeTable) ->
     return penalise(logits, counts, table.penalty, table.frequency, table.presence)
 
 
-def sampled_choices(scores: Tensor, cfg: SamplingConfig, uniforms: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """scores (n, V) penalised, uniforms (n,) each node's draw -> (tokens (n,), ok (n,), probabilities (n, V)).
+def sampled_choices(scores: Tensor, cfg: SamplingConfig, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """scores (n, V) penalised, noise (n, V) each node's draw -> (tokens (n,), ok (n,), probabilities (n, V)).
 
-    The same warp and inverse-CDF draw as `TokenChooser.choose`, row by row.
+    The same warp and race (`race_scores`) as `TokenChooser.choose`, row by row.
     """
     probs = warp(scores, cfg).softmax(-1)
-    cdf = probs.double().cumsum(-1)
-    total = cdf[:, -1]
-    x = uniforms.to(probs.device) * total
-    tokens = torch.searchsorted(cdf, x[:, None], right=True)[:, 0]
-    ok = torch.isfinite(total) & (total > 0) & (tokens < probs.shape[-1])
-    return tokens.clamp(max=probs.shape[-1] - 1), ok, probs
+    best, tokens = race_scores(probs, noise).max(-1)
+    ok = torch.isfinite(best) & (best > 0)
+    return tokens, ok, probs
 
 
 def last_accepted(choice: Tensor, tries: Seq[Trie], offsets: Seq[int]) -> Tensor:
@@ -182,31 +179,27 @@ def last_accepted(choice: Tensor, tries: Seq[Trie], offsets: Seq[int]) -> Tensor
 
 
 class Uniforms:
-    """A sequence's uniforms for one step, drawn ahead and settled to exactly the number used."""
+    """A sequence's draws for one step: their noise read ahead, and the generator settled to exactly the number
+    used."""
 
     def __init__(self, generator: torch.Generator) -> None:
         self.generator = generator
         self._state: Tensor | None = None
+        self._vocab = 0
 
-    def draw(self, n: int) -> Tensor:
-        """n uniforms, the next n the generator would give one at a time; `settle` must follow."""
-        self._state = self.generator.get_state()
-        return _uniforms(self.generator, n)
+    def draw(self, n: int, vocab: int) -> Tensor:
+        """(n, vocab): the noise of the next n draws, as `TokenChooser.draw` would consume it; `settle` must
+        follow."""
+        self._state, self._vocab = self.generator.get_state(), vocab
+        return torch.stack([noise(self.generator, vocab) for _ in range(n)])
 
     def settle(self, used: int) -> None:
-        """Leave the generator as if exactly `used` uniforms had been drawn this step (as AR would have)."""
+        """Leave the generator as if exactly `used` draws had been made this step (as AR would have)."""
         assert self._state is not None, "draw() first"
         self.generator.set_state(self._state)
-        _uniforms(self.generator, used)
+        for _ in range(used):
+            noise(self.generator, self._vocab)
         self._state = None
-
-
-def _uniforms(generator: torch.Generator, n: int) -> Tensor:
-    """On a CPU generator rand(n) is the sequence of n single draws (tested); elsewhere draw them one by one,
-    as `TokenChooser.draw` does (kernel launches, no host read)."""
-    if generator.device.type == "cpu":
-        return torch.rand(n, generator=generator)
-    return torch.stack([torch.rand((), generator=generator, device=generator.device) for _ in range(n)])
 
 
 def unpack_draft(values: list[float], tree: tuple[int, ...], i: int, count: int) -> Draft:

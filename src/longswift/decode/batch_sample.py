@@ -1,6 +1,6 @@
 """The sampled rows of a batched step: every node's draw, one `warp` per distinct sampling setting.
 
-A row's nodes at depth d share the uniform of its step's (d+1)-th draw (batch_choice.Uniforms), so each node's
+A row's nodes at depth d share the noise of its step's (d+1)-th draw (batch_choice.Uniforms), so each node's
 choice is the token AR would draw there; greedy rows keep their argmax (batched.py).
 """
 
@@ -32,8 +32,8 @@ def sample_rows(
         for i in members:
             uniforms_i = seqs[i].uniforms
             assert uniforms_i is not None, "a sampling chooser has a generator"
-            u = uniforms_i.draw(tries[i].max_depth() + 1)
-            uniforms.append(u[torch.tensor(tries[i].depths)])
+            u = uniforms_i.draw(tries[i].max_depth() + 1, scores.shape[-1])
+            uniforms.append(u[torch.tensor(tries[i].depths, device=u.device)])
             index.extend(range(offsets[i], offsets[i] + len(tries[i])))
         at = torch.tensor(index, device=device)
         tokens, fine, probs = sampled_choices(scores[at], cfg, torch.cat(uniforms))

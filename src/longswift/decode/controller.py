@@ -7,7 +7,7 @@ v's path, of each node's conditional acceptance rate given its parent was accept
 candidate source (draft head depth, rank and confidence; n-gram depth, rank and share) from *hindsight*: once the
 tokens after a step's root are decided, every candidate of that step — verified or not — is known to have been
 right or wrong. (The decided tokens do not depend on which candidates were verified: greedy choices are fixed,
-and a seeded sampler draws one uniform per emitted token in either mode, so hindsight needs no exploration.)
+and a seeded sampler makes one draw per emitted token in either mode, so hindsight needs no exploration.)
 
 The best sub-trie for a budget of k nodes is the k nodes of highest P (P never grows along a path, so these are
 closed under ancestors), and the controller keeps the k that maximises (1 + Σ P) / (F + C(k + 1)). k = 0, the root

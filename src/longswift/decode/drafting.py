@@ -31,7 +31,7 @@ from ..model.heads import DraftHeads
 from ..model.partial_cache import PartialCache
 from ..model.transformer import QueryLog, Transformer
 from .loop import EagerForward
-from .sampling import TokenChooser, apply_penalty
+from .sampling import TokenChooser, apply_penalty, race_scores, warp
 
 if TYPE_CHECKING:
     from .loop import Forward
@@ -68,8 +68,9 @@ class Drafter(Protocol):
     def observe(self, hidden: Tensor) -> None:
         """hidden (H,): pre-norm state of the node whose target choice became the next root."""
 
-    def propose(self, context: Tensor, full: KVCache, log: QueryLog | None) -> Draft:
-        """`log`: the queries of the last full-cache forward (None unless the drafter reads them)."""
+    def propose(self, context: Tensor, full: KVCache, log: QueryLog | None, noise: Tensor | None = None) -> Draft:
+        """`log`: the queries of the last full-cache forward (None unless the drafter reads them); `noise`: the
+        target's next draws, depth 1 first, for coupled drafts (`_HeadsTop.top`; None when greedy)."""
 
     def ngram_key(self, root: int, draft: Draft) -> int | None:
         """The token the step's n-gram chains must start with (None: no chains this step)."""
@@ -89,13 +90,14 @@ def keyed_on_first_draft(root: int, draft: Draft) -> int | None:
 
 
 class _HeadsTop:
-    """Penalised top-k of the heads' logits, shared by both drafters."""
+    """Penalised top-k of the heads' logits, shared by both drafters; under sampling, led by the coupled draft."""
 
     def __init__(
         self, model: Transformer, heads: DraftHeads, sampling: SamplingConfig, spec: SpeculationConfig
     ) -> None:
         self.model, self.heads, self.spec = model, heads, spec
-        # Only the target's penalties (a greedy chooser): drafts are ranked on penalised logits, never sampled.
+        self.sampling = sampling
+        # Only the target's penalties (a greedy chooser): drafts are ranked on penalised logits.
         self.chooser = TokenChooser(
             SamplingConfig(
                 repetition_penalty=sampling.repetition_penalty,
@@ -105,15 +107,41 @@ class _HeadsTop:
             )
         )
 
-    def top(self, logits: Tensor, context: Tensor) -> Draft:
-        """logits (depths, V) fp32 -> the tree's widths of best tokens per depth, with their probabilities."""
+    def top(self, logits: Tensor, context: Tensor, noise: Tensor | None = None) -> Draft:
+        """logits (depths, V) fp32 -> the tree's widths of best tokens per depth, with their probabilities.
+
+        noise (>= depths, V): the noise of the target's next draws (`TokenChooser.peek`), depth d's in row d - 1.
+        With it each level starts with the *coupled* draft: the token the draw at that depth would pick if the
+        head's distribution (processed as the target's: penalties, temperature, filters) were the target's. A
+        draw raced with shared noise agrees with it far more often than with the head's most likely token when
+        the target is flat (sampled text); the rest of the level is the head's best other tokens. Drafts only
+        decide what is verified, so reading the noise ahead changes no emitted token.
+        """
         # The target is penalised, so penalised drafts match it more often (drafts never affect the output).
         logits = apply_penalty(logits, self.chooser.window(context), self.chooser.cfg)
         widths = self.spec.tree[: logits.shape[0]]
-        probs, ids = logits.softmax(-1).topk(max(widths), dim=-1)
+        probs = logits.softmax(-1)
+        coupled = noise is not None and not self.sampling.greedy
+        k = min(max(widths) + int(coupled), probs.shape[-1])
+        top_p, top_ids = probs.topk(k, dim=-1)
+        parts = [top_p, top_ids.to(probs.dtype)]
+        if coupled:
+            assert noise is not None
+            drawn = race_scores(warp(logits, self.sampling).softmax(-1), noise[: logits.shape[0]]).argmax(-1)
+            parts += [probs.gather(-1, drawn[:, None]), drawn[:, None].to(probs.dtype)]
         # One transfer for ids and probabilities of all depths (ids < 2**24 are exact in fp32).
-        p, t = torch.stack((probs, ids.to(probs.dtype))).tolist()
-        return Draft([[int(x) for x in row[:w]] for row, w in zip(t, widths)], [row[:w] for row, w in zip(p, widths)])
+        host = torch.cat(parts, dim=-1).tolist()
+        tokens: list[list[int]] = []
+        chances: list[list[float]] = []
+        for row, w in zip(host, widths):
+            p, t = row[:k], [int(x) for x in row[k : 2 * k]]
+            if coupled:
+                first = int(row[2 * k + 1])
+                rest = [(x, q) for x, q in zip(t, p) if x != first]
+                t, p = [first] + [x for x, _ in rest], [row[2 * k]] + [q for _, q in rest]
+            tokens.append(t[:w])
+            chances.append(p[:w])
+        return Draft(tokens, chances)
 
 
 class PartialDrafter(_HeadsTop):
@@ -161,7 +189,7 @@ class PartialDrafter(_HeadsTop):
         pass  # drafts from its own forward
 
     @torch.inference_mode()
-    def propose(self, context: Tensor, full: KVCache, log: QueryLog | None) -> Draft:
+    def propose(self, context: Tensor, full: KVCache, log: QueryLog | None, noise: Tensor | None = None) -> Draft:
         new = context[self.covered :]
         # Many tokens since the last draft (steps that skipped drafting) need a reselection, as a full cache does.
         if new.shape[0] > self.partial.max_new or not self.partial.room_for(new.shape[0]):
@@ -174,14 +202,14 @@ class PartialDrafter(_HeadsTop):
         self.covered = context.shape[0]
         blocks = len(self.spec.tree) - 1
         if not self.heads.conditioned or blocks == 0:
-            return self.top(self.heads.logits(self.model, hidden, blocks=blocks), context)
+            return self.top(self.heads.logits(self.model, hidden, blocks=blocks), context, noise)
         # Conditioned heads read the token level 1 holds: here it is a draft too (the base head's penalised best),
         # so block 1 is conditioned on that guess, and the base row is computed first.
         base = self.model.logits(hidden)[None]
-        first = self.top(base, context).tokens[0][0]
+        first = self.top(base, context, noise).tokens[0][0]
         following = torch.tensor(first, device=hidden.device)
         rows = self.heads.logits(self.model, hidden, base=False, blocks=blocks, following=following)
-        return self.top(torch.cat([base, rows]), context)
+        return self.top(torch.cat([base, rows]), context, noise)
 
     def ngram_key(self, root: int, draft: Draft) -> int | None:
         return keyed_on_first_draft(root, draft)
@@ -216,14 +244,14 @@ class FusedDrafter(_HeadsTop):
         self.hidden = hidden
 
     @torch.inference_mode()
-    def propose(self, context: Tensor, full: KVCache, log: QueryLog | None) -> Draft:
+    def propose(self, context: Tensor, full: KVCache, log: QueryLog | None, noise: Tensor | None = None) -> Draft:
         if self.hidden is None:  # a one-token prompt: nothing was computed before the first root
             return Draft.empty()
         # context[-1] is the root, the target's choice at the hidden state's node: conditioned heads read it.
         logits = self.heads.logits(
             self.model, self.hidden, base=False, blocks=len(self.spec.tree), following=context[-1]
         )
-        return self.top(logits, context)
+        return self.top(logits, context, noise)
 
     def ngram_key(self, root: int, draft: Draft) -> int | None:
         return keyed_on_root(root, draft)

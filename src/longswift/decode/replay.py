@@ -46,8 +46,8 @@ class ReplayDrafter:
     def observe(self, hidden: Tensor) -> None:
         pass
 
-    def propose(self, context: Tensor, full: KVCache, log: QueryLog | None) -> Draft:
-        """The chain below the root (the last decided token, at position len(context) - 1)."""
+    def propose(self, context: Tensor, full: KVCache, log: QueryLog | None, noise: Tensor | None = None) -> Draft:
+        """The chain below the root (the last decided token, at position len(context) - 1); `noise` is not read."""
         root = context.shape[0] - 1
         tokens, probs = [], []
         for d in range(1, self.depth + 1):

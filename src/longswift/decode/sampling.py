@@ -2,8 +2,10 @@
 
 AR decoding and TokenSwift verification call the very same `TokenChooser.choose` on a single row with that
 row's own penalty window, so the two can only differ by the logits they are handed, never by processing.
-Each sampled choice consumes exactly one uniform number from the explicit generator (inverse-CDF draw), so a
-seeded TokenSwift run and a seeded AR run consume randomness in lockstep.
+Each sampled choice consumes exactly one noise vector (V uniforms) from the explicit generator and picks the
+token by an exponential race over it (`race_scores`), so a seeded TokenSwift run and a seeded AR run consume
+randomness in lockstep, and a drafter can read the noise of the next draws ahead (`TokenChooser.peek`) to propose
+the tokens those draws are likely to pick.
 """
 
 from __future__ import annotations
@@ -160,7 +162,7 @@ class TokenChooser:
         return warp(logits, self.cfg).softmax(-1)
 
     def choose(self, logits: Tensor, context: Tensor) -> int:
-        """The next token after `context`: argmax of the penalised logits, or one inverse-CDF draw.
+        """The next token after `context`: argmax of the penalised logits, or one draw (`race_scores`).
 
         Raises `NumericalError` when the row is not usable (NaN or infinite logits): an argmax or a draw over
         such a row returns an arbitrary token, and a long job would silently turn into noise.
@@ -192,26 +194,49 @@ class TokenChooser:
         return int(token)
 
     def draw(self, probs: Tensor, context: Tensor | None = None) -> int:
-        """One token from `probs` (V,), consuming exactly one uniform from the generator."""
+        """One token from `probs` (V,), consuming exactly one noise vector from the generator (`race`)."""
         assert self.generator is not None, "drawing needs the seeded generator of a sampling chooser"
-        u = torch.rand((), generator=self.generator, device=self.generator.device).to(probs.device)
-        cdf = probs.double().cumsum(-1)
-        # right=True returns the first index whose cumulative mass exceeds u * total: never a zero-mass token,
-        # and u < 1 keeps it inside the vocabulary.
-        x = u * cdf[-1]
-        token = torch.searchsorted(cdf, x, right=True)
+        scores = race_scores(probs, noise(self.generator, probs.shape[-1]))
         if self.margins is None:
-            total, index = torch.stack((cdf[-1], token.to(cdf.dtype))).tolist()
-        else:  # also how far the draw fell from the edges of the chosen token's interval, in the same transfer
-            padded = torch.cat((cdf.new_zeros(1), cdf))  # padded[i] = mass before token i
-            last = padded.shape[0] - 1
-            edges = padded[torch.stack((token, token + 1)).clamp(max=last)]
-            total, index, low, high, at = torch.cat((cdf[-1:], token.to(cdf.dtype)[None], edges, x[None])).tolist()
-        if not (math.isfinite(total) and total > 0 and index < probs.shape[-1]):
+            best, index = scores.max(-1)
+            value, token = torch.stack((best, index.to(best.dtype))).tolist()
+        else:  # also the gap to the runner-up (in log-probability units), in the same transfer
+            top = scores.topk(2).values if scores.shape[-1] > 1 else torch.cat((scores, scores.new_full((1,), -1.0)))
+            index = scores.argmax(-1)
+            value, second, token = torch.cat((top, index.to(top.dtype)[None])).tolist()
+        if not (math.isfinite(value) and value > 0):
             raise _non_finite(context)
         if self.margins is not None:
-            self.margins.append(min(at - low, high - at) / total)
-        return int(index)
+            self.margins.append(math.log(value / second) if second > 0 else math.inf)
+        return int(token)
+
+    def peek(self, n: int, vocab: int) -> Tensor:
+        """(n, vocab): the noise of the next n draws, leaving the generator as it was (what drafts couple to)."""
+        assert self.generator is not None, "peeking needs the seeded generator of a sampling chooser"
+        state = self.generator.get_state()
+        ahead = torch.stack([noise(self.generator, vocab) for _ in range(n)])
+        self.generator.set_state(state)
+        return ahead
+
+
+def noise(generator: torch.Generator, vocab: int) -> Tensor:
+    """One draw's noise: `vocab` uniforms from `generator`, on its device, always in one call of this shape, so
+    every path that draws (AR, the walk, batched rows, a drafter's peek) consumes the generator identically."""
+    return torch.rand(vocab, generator=generator, device=generator.device)
+
+
+def race_scores(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """probs (..., V), uniforms (..., V) -> fp64 scores p / E with E = -log(u): the token with the highest score
+    is an exact sample from `probs`.
+
+    This is the exponential race (equivalently the Gumbel-max trick: argmax log p - log E): each token's arrival
+    time E / p is exponential with rate p, and the first arrival is token x with probability p_x. Zero-mass tokens
+    score 0 and never win. Why not one uniform and the inverse CDF: a draft distribution q raced with the *same*
+    noise picks the target's token with probability >= (1 - TV) / (1 + TV) (a shared-randomness coupling), while
+    an inverse CDF over vocabulary order shifts every interval by the mass that differs before it, so drafts that
+    peek at the noise (`TokenChooser.peek`) gain almost nothing with it (measured: BENCHMARKS.md).
+    """
+    return probs.double() / -uniforms.to(probs.device).double().log()
 
 
 def _non_finite(context: Tensor | None) -> NumericalError:

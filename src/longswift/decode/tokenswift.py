@@ -134,7 +134,7 @@ class TokenSwiftDecoder:
         kind = self.gate.choose()
         if kind == "plain":
             return self._plain_step(t0)
-        draft = self.drafter.propose(self.context.ids(), self.cache, self.log) if kind == "draft" else Draft.empty()
+        draft = self._draft() if kind == "draft" else Draft.empty()
         t1 = self.timer.add("draft", t0)
         candidates = self._candidates(draft)
         timed_before = self.controller.calibration.seconds
@@ -183,6 +183,14 @@ class TokenSwiftDecoder:
             self.predicted_s += self.controller.step_cost(1, self.cache.length)
         self.measured_s += t2 - t0
         return [token]
+
+    def _draft(self) -> Draft:
+        """The drafter's proposal; a sampled run hands it the noise of the draws at the draft's depths (peeked:
+        the generator is left as it was), so each level can lead with the token that draw would pick."""
+        noise = None
+        if not self.chooser.cfg.greedy:
+            noise = self.chooser.peek(len(self.spec.tree), self.model.cfg.vocab_size)
+        return self.drafter.propose(self.context.ids(), self.cache, self.log, noise)
 
     def _candidates(self, draft: Draft) -> Trie:
         """Every candidate of this step, each node labelled with the sources that proposed it."""

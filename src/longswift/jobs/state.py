@@ -3,7 +3,7 @@
 A checkpoint holds the prompt and generated ids, the sampling generator's state, the sampling / speculation /
 stop configuration and fingerprints of the model and heads. Resuming prefills prompt + generated ids (caches and
 the n-gram table are rebuilt) and restores the generator, so the final output is identical to an uninterrupted
-run: every emitted token costs exactly one uniform draw in both modes, whatever the drafts were.
+run: every emitted token costs exactly one draw (one noise vector) in both modes, whatever the drafts were.
 
 Files are JSON (never pickle) with a SHA-256 over the payload, written atomically: temporary file, fsync,
 rename, fsync of the directory — a crash leaves either the old checkpoint or the new one, never a torn file.
@@ -24,7 +24,9 @@ from ..config import SamplingConfig
 from ..errors import LongswiftError, OutputError, ResumeError
 from ..files import atomic_write
 
-FORMAT = "longswift-job/1"
+# /2: a sampled token's draw is a noise vector raced against the distribution (decode/sampling.py), where /1 drew
+# one uniform for an inverse CDF; a /1 job's generator state would continue with other draws, so it is refused.
+FORMAT = "longswift-job/2"
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,12 @@ class JobState:
             raise ResumeError(f"checkpoint not found: {path}") from None
         except (ValueError, KeyError, TypeError, UnicodeDecodeError):
             raise ResumeError(f"checkpoint {path} is corrupt or truncated (not a longswift checkpoint)") from None
+        found = document.get("format")
+        if isinstance(found, str) and found.startswith("longswift-job/") and found != FORMAT:
+            raise ResumeError(
+                f"checkpoint {path} was written by another longswift version ({found}; this one reads {FORMAT}): "
+                "its sampled continuation would differ, so start the job again"
+            )
         if not ok:
             raise ResumeError(f"checkpoint {path} is corrupt (integrity hash mismatch or unknown format)")
         names = {f.name for f in fields(cls)}
