@@ -14,8 +14,13 @@ the machine and the model rather than to the heads. For a held-out prompt of C t
    n LM-head rows, exactly what a TokenSwift step verifies (n = 1 is an AR step without sampling); medians of
    ROUNDS rounds, the budgets in a rotated order within each;
 4. reports the ceiling bound(n) * cost(1) / cost(n): the speed over AR of that perfect drafter if drafting,
-   sampling and bookkeeping cost nothing. Above it no drafter, tree shape or controller can go; below 1.25 at
-   every n, the target is out of reach on this machine for this model.
+   sampling and bookkeeping cost nothing. Above it no drafter that proposes tokens without reading the draws'
+   noise can go, whatever its tree shape or controller.
+
+That last condition matters: since 2026-12-07 drafts read the noise of the next draws (coupled drafts,
+`decode/drafting._HeadsTop.top`), and a drafter whose distribution were the target's would then be right at every
+depth, so bound(n) = n. What limits a coupled drafter is how far its distribution is from the target's
+(`scripts/coupling_probe.py` measures that for the shipped heads), not the target's top-1 mass alone.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/sampled_ceiling.py --contexts 8192,20480 --new 512 \
         --out docs/benchmarks/2026-12-07/sampled_ceiling.json

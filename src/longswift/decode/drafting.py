@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Draft:
-    """Candidate tokens per depth below the root (depth 1 first, best first) and the drafter's probability of each."""
+    """Candidate tokens per depth below the root (depth 1 first, best first) and the drafter's probability of each
+    (a coupled draft carries its level's best probability: `_HeadsTop.top`)."""
 
     tokens: list[list[int]]
     probs: list[list[float]]
@@ -128,7 +129,7 @@ class _HeadsTop:
         if coupled:
             assert noise is not None
             drawn = race_scores(warp(logits, self.sampling).softmax(-1), noise[: logits.shape[0]]).argmax(-1)
-            parts += [probs.gather(-1, drawn[:, None]), drawn[:, None].to(probs.dtype)]
+            parts += [drawn[:, None].to(probs.dtype)]
         # One transfer for ids and probabilities of all depths (ids < 2**24 are exact in fp32).
         host = torch.cat(parts, dim=-1).tolist()
         tokens: list[list[int]] = []
@@ -136,9 +137,12 @@ class _HeadsTop:
         for row, w in zip(host, widths):
             p, t = row[:k], [int(x) for x in row[k : 2 * k]]
             if coupled:
-                first = int(row[2 * k + 1])
+                first = int(row[2 * k])
                 rest = [(x, q) for x, q in zip(t, p) if x != first]
-                t, p = [first] + [x for x, _ in rest], [row[2 * k]] + [q for _, q in rest]
+                # Its confidence is the level's best probability, not its own: a coupled draft is accepted more
+                # often than the head's best token (BENCHMARKS.md, "Coupled drafts"), so that is the controller's
+                # conservative prior for it; its own probability, a draw's, would say it is rarely worth verifying.
+                t, p = [first] + [x for x, _ in rest], [p[0]] + [q for _, q in rest]
             tokens.append(t[:w])
             chances.append(p[:w])
         return Draft(tokens, chances)
