@@ -95,12 +95,14 @@ def main() -> None:
     parser.add_argument("--contexts", default="8192,20480")
     parser.add_argument("--new", type=int, default=512)
     parser.add_argument("--draws", type=int, default=400, help="noise vectors per position (Monte Carlo)")
+    parser.add_argument("--heads", type=Path, default=None, help="draft heads file (default: the shipped heads)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    engine = longswift.load(threads=1)
+    engine = longswift.load(heads=args.heads, threads=1)
+    heads = f" --heads {args.heads}" if args.heads else ""
     report: dict[str, Any] = {
-        "command": f"scripts/coupling_probe.py --contexts {args.contexts} --new {args.new} --draws {args.draws}",
+        "command": f"scripts/coupling_probe.py --contexts {args.contexts} --new {args.new} --draws {args.draws}{heads}",
         "sampling": "paper (temperature 1, min-p 0.1, penalty 1.2 over 1024), seed 0",
         "contexts": {},
     }

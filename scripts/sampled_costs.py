@@ -142,11 +142,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtype", default="fp32", help="fp32 (the CPU default) or bf16")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from " + ", ".join(VARIANTS))
+    parser.add_argument("--heads", type=Path, default=None, help="draft heads file (default: the shipped heads)")
     parser.add_argument("--forwards", action="store_true", help="time bare 1- and 2-node forwards only")
     parser.add_argument("--out", type=Path, default=None, help="write the raw runs and the summary as JSON")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    engine = longswift.load(dtype=args.dtype, threads=args.threads)
+    engine = longswift.load(heads=args.heads, dtype=args.dtype, threads=args.threads)
     report: dict[str, Any] = {
         "command": "scripts/sampled_costs.py "
         + " ".join(
@@ -157,14 +159,19 @@ def main() -> None:
                 ("repeats", args.repeats),
                 ("threads", args.threads),
                 ("dtype", args.dtype),
+                ("variants", args.variants),
             )
         )
+        + (f" --heads {args.heads}" if args.heads else "")
         + (" --forwards" if args.forwards else ""),
         "machine": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "contexts": {},
     }
-    names = list(VARIANTS)
+    names = args.variants.split(",")
+    unknown = set(names) - set(VARIANTS)
+    if unknown or "ar" not in names:
+        parser.error(f"--variants: {', '.join(sorted(unknown)) or 'ar is needed (every ratio is to it)'}")
     for context in (int(c) for c in args.contexts.split(",")):
         if args.forwards:
             row = forward_costs(engine.model, context)
