@@ -3,6 +3,7 @@ trainer and the quality measures. (The shipped model itself is tested in test_de
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -243,3 +244,21 @@ def test_model_card_renders_the_frequency_penalised_greedy_continuation_beside_t
         and "frequency penalty 0.2 over the same): first 20,480 tokens: repetition share 37%" in text
     )
     assert text.count("Held-out human code scores 59%") == 2
+
+
+def test_model_card_says_what_the_heads_learnt_from():
+    """Self-distilled heads (the build's default since 2026-12-07) and corpus-trained ones are described apart."""
+    from tools.default_model.heads import HeadsSettings
+    from tools.default_model.model_card import _heads_training_lines
+
+    def lines(settings: HeadsSettings) -> str:
+        metrics = {"settings": dataclasses.asdict(settings), "heads_bytes": 2**21, "steps_done": 5, "tokens_seen": 640,
+                   "train_seconds": 1.0, "seconds_per_step": 0.2, "wall_seconds": 2.0, "final_train_loss": 9.5,
+                   "command": "build", "valid_positions_scored": 256}  # fmt: skip
+        return "\n".join(_heads_training_lines(metrics))
+
+    distilled = lines(HeadsSettings())
+    assert "Self-distilled" in distilled and "wrote 2,097,152 tokens under the paper's sampling" in distilled
+    assert "on the training split" not in distilled
+    corpus_trained = lines(HeadsSettings(self_distill=False))
+    assert "Trained with `longswift.train.train_heads` on the training split" in corpus_trained

@@ -15,7 +15,7 @@ smoke-tested in a minute into a temporary directory.
 
 Run: `python -m tools.default_model.build` (defaults: work dir build/default_model/, output
 src/longswift/default_model/, ~140 minutes for the base model, ~75 for the 8K -> 16K stages, ~80 for the 32K phase
-and ~10 for the heads on one CPU thread), or for a smoke test `python -m tools.default_model.build --work /tmp/dm
+and ~45 for the self-distilled heads on one CPU thread), or for a smoke test `python -m tools.default_model.build --work /tmp/dm
 --out /tmp/dm/model --steps 5 --stages 64:2 --long32-stages 128:1` (tiny heads run too).
 `--only-heads` retrains only the draft heads on the existing base model and re-renders the card's heads section;
 `--only-card` only re-renders the card's measured sections (after `python -m tools.default_model.long_run` has

@@ -161,8 +161,7 @@ def _heads_training_lines(heads: Mapping[str, Any]) -> list[str]:
         f"- `heads.safetensors`: γ = {s['gamma']} TokenSwift draft heads (each `h <- h + W·RMSNorm(h)`, chained, "
         f"sharing the frozen LM head{conditioned}), fp32, {heads['heads_bytes'] / 2**20:.1f} MiB; head i predicts "
         "token t+1+i.",
-        f"- Trained with `longswift.train.train_heads` on the training split, base model frozen: {heads['steps_done']:,} "
-        f"steps of {s['batch_size']} x {s['seq_len']:,} tokens ({heads['tokens_seen']:,} tokens), AdamW peak "
+        f"- {_heads_data(s)}, base model frozen: {heads['steps_done']:,} steps of {s['batch_size']} x {s['seq_len']:,} tokens ({heads['tokens_seen']:,} tokens), AdamW peak "
         f"learning rate {s['lr']:g}, warm-up {s['warmup']} steps, cosine decay, weight decay {s['weight_decay']:g}, "
         f"{precision}, seed {s['seed']}.",
         f"- One CPU thread: {_minutes(heads['train_seconds'])} of training ({heads['seconds_per_step']:.2f} s/step), "
@@ -174,6 +173,18 @@ def _heads_training_lines(heads: Mapping[str, Any]) -> list[str]:
         "the model's own next-token accuracy:",
         "",
     ]
+
+
+def _heads_data(s: Mapping[str, Any]) -> str:
+    """What the heads learnt from: the model's own text and distributions, or the training split's text."""
+    if not s.get("self_distill"):
+        return "Trained with `longswift.train.train_heads` on the training split"
+    return (
+        f"Self-distilled (`longswift.train.distill.self_distill`, soft targets): the base model wrote "
+        f"{s['distill_tokens']:,} tokens under the paper's sampling (temperature 1, min-p 0.1, penalty 1.2 over "
+        f"1,024), continuing prompts from the training split, {s['distill_batch']} sequences at a time, and head i learnt the "
+        "model's own distribution of token t+1+i (KL)"
+    )
 
 
 def _long_run_section(long_run: Mapping[str, Any] | None) -> list[str]:
