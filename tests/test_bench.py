@@ -351,3 +351,13 @@ def test_repeated_shares_count_tokens_whose_4gram_was_seen_before_per_span():
     assert repeated_by_part(ids, 2) == [0.0, 5 / 6]
     assert repeated_by_part(list(range(40)), 10) == [0.0] * 10  # nothing repeats
     assert repeated_by_part([], 10) == [0.0] * 10
+
+
+def test_plain_tokenswift_runs_the_defaults_of_the_benchmarks_sampling(tmp_path):
+    from longswift.bench import with_device_defaults
+
+    methods = tuple(parse_methods("ar,tokenswift,tokenswift:lookup=4"))
+    for sampling, sampled in ((bench_sampling(False), False), (bench_sampling(True), True)):
+        cfg = with_device_defaults(BenchConfig(methods, (8,), tmp_path, sampling=sampling), "cpu")
+        assert cfg.methods[1].speculation == SpeculationConfig.for_device("cpu", sampled=sampled)
+        assert cfg.methods[2].speculation is not None and cfg.methods[2].speculation.lookup == 4  # its own

@@ -303,3 +303,18 @@ def test_fused_drafting_refuses_a_tree_deeper_than_the_heads(tiny_llama):
         "tokenswift",
     )
     assert code == 2 and "fused drafting gets only 3 levels" in err and err.count("\n") == 1
+
+
+def test_speculation_flags_change_the_defaults_of_greedy_or_sampled_runs():
+    from longswift.cli.main import build_parser
+    from longswift.cli.options import speculation_from
+    from longswift.config import SpeculationConfig
+
+    def spec(*flags: str, sampled: bool) -> SpeculationConfig:
+        args = build_parser().parse_args(["generate", "--prompt", "x", "--device", "cpu", *flags])
+        return speculation_from(args, "cpu", sampled)
+
+    assert spec(sampled=False) == SpeculationConfig.for_device("cpu")
+    assert spec(sampled=True) == SpeculationConfig.for_device("cpu", sampled=True)
+    assert spec(sampled=True).lookup == 0 and spec("--lookup", "16", sampled=True).lookup == 16
+    assert spec("--ngram-topk", "0", sampled=False).ngram_topk == 0

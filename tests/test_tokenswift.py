@@ -6,6 +6,8 @@ Greedy runs are long (2,000+ tokens) so that the partial cache reselects many ti
 from __future__ import annotations
 
 import functools
+import json
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -208,3 +210,29 @@ def test_device_defaults_are_the_papers_on_gpu_and_smaller_on_cpu():
     assert cpu.tree == (1,) and cpu.ngram_topk == 1 and cpu.lookup == 16
     assert cpu.draft == "fused" and cpu.candidates == "adaptive"
     assert SpeculationConfig.for_device("cpu", ngram_topk=7).ngram_topk == 7
+
+
+def test_sampled_requests_on_cpu_draft_with_the_heads_alone():
+    # Sampled text rarely repeats itself: lookup and n-gram candidates cost more than they are accepted.
+    sampled = SpeculationConfig.for_device("cpu", sampled=True)
+    assert sampled.ngram_topk == 0 and sampled.lookup == 0
+    assert sampled == SpeculationConfig.for_device("cpu", ngram_topk=0, lookup=0)  # all else as greedy's
+    assert SpeculationConfig.for_device("cpu", True, lookup=8).lookup == 8  # a flag still wins
+    assert SpeculationConfig.for_device("cuda", sampled=True) == SpeculationConfig()
+
+
+def test_engine_resolves_the_default_speculation_per_request(tiny_llama):
+    engine = engine_for(tiny_llama)
+
+    def spec_of(sampling: SamplingConfig, speculation: SpeculationConfig | None = None) -> dict:
+        stream = engine.stream(PROMPT, 4, sampling=sampling, seed=0, mode="tokenswift", speculation=speculation)
+        next(iter(stream))
+        return stream.snapshot().config["speculation"]
+
+    def as_saved(spec: SpeculationConfig) -> dict:
+        return json.loads(json.dumps(asdict(spec)))
+
+    assert spec_of(SamplingConfig()) == as_saved(SpeculationConfig.for_device("cpu"))
+    assert spec_of(SamplingConfig.paper()) == as_saved(SpeculationConfig.for_device("cpu", sampled=True))
+    explicit = SpeculationConfig.for_device("cpu")
+    assert spec_of(SamplingConfig.paper(), explicit) == as_saved(explicit)  # a request's own spec is kept

@@ -273,7 +273,7 @@ class Engine:
         """Everything one request needs before decoding: its ids (checked to fit), mode, chooser (and seeded
         generator), transcript, and the settings its snapshots record. `spec`: the batch's, when batched."""
         check_seed(req.seed)
-        spec = spec or req.speculation or SpeculationConfig.for_device(self.device.type)
+        spec = spec or req.speculation or SpeculationConfig.for_device(self.device.type, not req.sampling.greedy)
         stop = StopConfig(req.max_new_tokens, self.eos_token_ids, req.stop_strings, req.ignore_eos)
         prompt_ids = self.encode(req.prompt if isinstance(req.prompt, str) else list(req.prompt))
         self._check_fits(len(prompt_ids), req.max_new_tokens)

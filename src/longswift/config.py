@@ -291,20 +291,25 @@ class SpeculationConfig:
         )
 
     @classmethod
-    def for_device(cls, device_type: str, **changes: object) -> SpeculationConfig:
-        """Defaults for a device: the paper's on GPUs; fused drafting with the cost-aware controller on CPUs.
+    def for_device(cls, device_type: str, sampled: bool = False, **changes: object) -> SpeculationConfig:
+        """Defaults for a device and a request's kind of decoding (`sampled`: not greedy).
 
         On a GPU verifying ~100 candidate tokens costs about one decoding step, so the paper's tree [1,3,3,3] with
         20 n-gram chains and its drafting forward are kept (not yet re-measured there). On a CPU a second forward
         per step and every verified token cost compute, so one forward per step (fused drafting, head 1 only), a
         prompt-lookup chain of 16 and one n-gram chain as upper bounds, and the controller keeping only the
-        candidates that pay for themselves, measured fastest on the embedded model (BENCHMARKS.md).
+        candidates that pay for themselves, measured fastest on the embedded model (BENCHMARKS.md). A sampled
+        request on a CPU drafts with head 1 alone (no lookup, no n-gram chain): sampled text rarely repeats what
+        came before, so those candidates are seldom accepted (hindsight 0.2-0.3 at 20K against head 1's 0.67), yet
+        a step that verifies them costs more and makes the controller draft less often. Measured on the embedded
+        model, head-only candidates ran 1.08x / 1.12x / 1.21x AR at 8K / 20K / 32K sampled new tokens against
+        1.04x / 1.04x / 1.10x with lookup and n-gram (BENCHMARKS.md); greedy keeps them, its 2-3x comes from them.
         """
-        base: dict[str, Any] = (
-            {}
-            if device_type == "cuda"
-            else dict(tree=(1,), ngram_topk=1, lookup=16, draft="fused", candidates="adaptive")
-        )
+        base: dict[str, Any] = {}
+        if device_type != "cuda":
+            base = dict(tree=(1,), ngram_topk=1, lookup=16, draft="fused", candidates="adaptive")
+            if sampled:
+                base.update(ngram_topk=0, lookup=0)
         return cls(**{**base, **changes})
 
     def tree_nodes(self) -> int:

@@ -22,10 +22,10 @@ if TYPE_CHECKING:
 
 
 def with_device_defaults(cfg: BenchConfig, device_type: str) -> BenchConfig:
-    """Plain `tokenswift` runs the engine's defaults for the device; write them into the config, so that
-    results.json says which tree and n-gram settings ran even after the defaults change."""
+    """Plain `tokenswift` runs the engine's defaults for the device and the benchmark's sampling; write them into
+    the config, so that results.json says which tree and n-gram settings ran even after the defaults change."""
     methods = tuple(
-        replace(m, speculation=SpeculationConfig.for_device(device_type))
+        replace(m, speculation=SpeculationConfig.for_device(device_type, not cfg.sampling.greedy))
         if m.kind == "tokenswift" and m.speculation is None
         else m
         for m in cfg.methods

@@ -143,7 +143,8 @@ def cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .scale import RankErrors, dry_run, one_group, shared_stop
 
     with RankErrors(args.tp) as ranks:
-        sampling, speculation = sampling_from(args), speculation_from(args, args.device)
+        sampling = sampling_from(args)
+        speculation = speculation_from(args, args.device, not sampling.greedy)
         prompt = _read_prompt(args)
         args.quiet = args.quiet or not ranks.lead  # only the group lead writes (output, stats, checkpoints)
         check_job_flags(args)

@@ -74,7 +74,7 @@ def add_speculation(p: argparse.ArgumentParser) -> None:
         "--ngram-topk",
         type=int,
         default=None,
-        help="n-gram chains added per step; 0 = off (default 20 on GPU, 1 on CPU)",
+        help="n-gram chains added per step; 0 = off (default 20 on GPU; on CPU 1 when greedy, 0 when sampling)",
     )
     g.add_argument(
         "--draft",
@@ -96,14 +96,15 @@ def add_speculation(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="prompt-lookup chain: up to N tokens of what followed the last earlier occurrence of the "
-        "text's last 3 tokens; 0 = off (default 16 on CPU, 0 on GPU)",
+        "text's last 3 tokens; 0 = off (default 0 on GPU; on CPU 16 when greedy, 0 when sampling)",
     )
     g.add_argument("--kv-budget", type=int, default=4096, help="rows of the partial KV cache for drafting (4096)")
     g.add_argument("--sink-tokens", type=int, default=16, help="leading rows always kept in it (16)")
 
 
-def speculation_from(args: argparse.Namespace, device: str) -> Any:
-    """The SpeculationConfig of `add_speculation`'s options: the device's defaults, changed where a flag was given."""
+def speculation_from(args: argparse.Namespace, device: str, sampled: bool = False) -> Any:
+    """The SpeculationConfig of `add_speculation`'s options: the defaults for the device and for greedy or
+    `sampled` decoding (`SpeculationConfig.for_device`), changed where a flag was given."""
     from ..config import SpeculationConfig
     from ..model.device import resolve_device
 
@@ -116,7 +117,7 @@ def speculation_from(args: argparse.Namespace, device: str) -> Any:
     for name in ("ngram_topk", "lookup", "draft", "candidates"):
         if getattr(args, name) is not None:
             changes[name] = getattr(args, name)
-    return SpeculationConfig.for_device(resolve_device(device).type, **changes)
+    return SpeculationConfig.for_device(resolve_device(device).type, sampled, **changes)
 
 
 def add_hardware(p: argparse.ArgumentParser, compile_note: str = "") -> Any:

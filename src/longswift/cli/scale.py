@@ -169,7 +169,8 @@ def cmd_generate_batch(args: argparse.Namespace, out: Any, err: Any) -> int:
 
     with RankErrors(args.tp) as ranks:
         check_job_flags(args)
-        sampling, speculation = sampling_from(args), speculation_from(args, args.device)
+        sampling = sampling_from(args)
+        speculation = speculation_from(args, args.device, not sampling.greedy)
         items = read_prompts(args.prompts)
         spec = None if args.mode == "ar" else speculation
         rows = min(args.batch_size, max(len(items), 1))

@@ -24,11 +24,12 @@ if TYPE_CHECKING:
 class GenerationRequest:
     """A prompt and everything that decides its generation (the engine decides only the model, device and heads).
 
-    `prompt`: text, or token ids (kept as a tuple). `speculation` None: the defaults for the engine's device
-    (`SpeculationConfig.for_device`). `resume`: a snapshot of an earlier run of the same request, continued so the
-    output is identical. `record_margins`: keep every token's decision margin, to tell a rounding near-tie from a
-    mismatch when comparing runs (bench/identity.py). `compile` None: the engine's default. `drafter`: replaces the
-    heads' drafter (engine measurements with `decode.replay.ReplayDrafter`; drafts never change the output).
+    `prompt`: text, or token ids (kept as a tuple). `speculation` None: the defaults for the engine's device and
+    the request's sampling (`SpeculationConfig.for_device`). `resume`: a snapshot of an earlier run of the same
+    request, continued so the output is identical. `record_margins`: keep every token's decision margin, to tell
+    a rounding near-tie from a mismatch when comparing runs (bench/identity.py). `compile` None: the engine's
+    default. `drafter`: replaces the heads' drafter (engine measurements with `decode.replay.ReplayDrafter`;
+    drafts never change the output).
     """
 
     prompt: str | Sequence[int]  # token ids are kept as a tuple
