@@ -3,8 +3,9 @@
 The embedded model's LM head (8192 x 256) read for 1, 2 and 4 rows in fp32 and in bf16, and one layer's attention
 (8 query / 2 KV heads folded to 4 or 8 query rows, head_dim 32) over 8K and 20K cached rows, with no mask and with
 an additive bias. Each timing is the median of 200 calls, each after a 48 MB read that evicts the caches (in a
-decoding step the KV cache and the weights evict each other). Issue 39's note of 2026-12-07 (seventh) reads it:
-the draft head's own LM-head row costs 0.64 ms in fp32 (0.35 ms in bf16), most of a fused draft's ~1.1 ms.
+decoding step the KV cache and the weights evict each other). Cold, an LM-head row costs 0.64 ms in fp32 and
+0.35 ms in bf16; in the decoding loop, though, a draft's row follows the verification's, which left the fp32 head
+warm, and a bf16 draft head measured no faster there (BENCHMARKS.md, "Head-only drafting, the sampled default").
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/draft_costs_micro.py
 """

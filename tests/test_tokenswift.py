@@ -236,35 +236,3 @@ def test_engine_resolves_the_default_speculation_per_request(tiny_llama):
     assert spec_of(SamplingConfig.paper()) == as_saved(SpeculationConfig.for_device("cpu", sampled=True))
     explicit = SpeculationConfig.for_device("cpu")
     assert spec_of(SamplingConfig.paper(), explicit) == as_saved(explicit)  # a request's own spec is kept
-
-
-def test_draft_rows_may_use_a_cheaper_lm_head_and_the_output_stays_ar(tiny_llama, monkeypatch):
-    import longswift.decode.drafting as drafting
-    from longswift.model.heads import draft_lm_head
-
-    model = Checkpoint.open(tiny_llama).load_model()
-    cheap = draft_lm_head(model)
-    if torch.cpu._is_avx512_bf16_supported():  # bf16 weights where the CPU has bf16 instructions
-        assert cheap is not None
-        rows = torch.randn(3, model.cfg.hidden_size)
-        exact = model.lm_head(rows)
-        assert torch.allclose(cheap(rows).float(), exact, atol=0.02 * exact.abs().max().item())
-    else:
-        assert cheap is None
-    assert draft_lm_head(Checkpoint.open(tiny_llama).load_model(dtype=torch.bfloat16)) is None
-
-    calls = []
-
-    def counting(model):  # a draft head far from the model's: drafts may be anything, the output may not change
-        def head(rows):
-            calls.append(rows.shape[0])
-            return model.lm_head(rows) + torch.randn(rows.shape[0], model.cfg.vocab_size)
-
-        return head
-
-    monkeypatch.setattr(drafting, "draft_lm_head", counting)
-    engine = longswift.load(tiny_llama, heads=random_heads(tiny_llama, 0), device="cpu", dtype="fp32")
-    sampling = SamplingConfig(repetition_penalty=1.3, penalty_window=64)
-    spec = SpeculationConfig.for_device("cpu", candidates="all")
-    out = engine.generate(PROMPT, 200, sampling=sampling, ignore_eos=True, mode="tokenswift", speculation=spec)
-    assert calls and out.token_ids == list(ar_ids(tiny_llama, 1.3, 200))

@@ -27,7 +27,7 @@ from ..config import SamplingConfig, SpeculationConfig
 from ..errors import ConfigError
 from ..model.cache import KVCache
 from ..model.compiled import node_bucket
-from ..model.heads import DraftHeads, draft_lm_head
+from ..model.heads import DraftHeads
 from ..model.partial_cache import PartialCache
 from ..model.transformer import QueryLog, Transformer
 from .loop import EagerForward
@@ -98,7 +98,6 @@ class _HeadsTop:
     ) -> None:
         self.model, self.heads, self.spec = model, heads, spec
         self.sampling = sampling
-        self.lm_head = draft_lm_head(model)  # drafts may be approximate: a cheaper copy where one exists
         # Only the target's penalties (a greedy chooser): drafts are ranked on penalised logits.
         self.chooser = TokenChooser(
             SamplingConfig(
@@ -207,15 +206,13 @@ class PartialDrafter(_HeadsTop):
         self.covered = context.shape[0]
         blocks = len(self.spec.tree) - 1
         if not self.heads.conditioned or blocks == 0:
-            return self.top(self.heads.logits(self.model, hidden, blocks=blocks, lm_head=self.lm_head), context, noise)
+            return self.top(self.heads.logits(self.model, hidden, blocks=blocks), context, noise)
         # Conditioned heads read the token level 1 holds: here it is a draft too (the base head's penalised best),
         # so block 1 is conditioned on that guess, and the base row is computed first.
         base = self.model.logits(hidden)[None]
         first = self.top(base, context, noise).tokens[0][0]
         following = torch.tensor(first, device=hidden.device)
-        rows = self.heads.logits(
-            self.model, hidden, base=False, blocks=blocks, following=following, lm_head=self.lm_head
-        )
+        rows = self.heads.logits(self.model, hidden, base=False, blocks=blocks, following=following)
         return self.top(torch.cat([base, rows]), context, noise)
 
     def ngram_key(self, root: int, draft: Draft) -> int | None:
@@ -256,7 +253,7 @@ class FusedDrafter(_HeadsTop):
             return Draft.empty()
         # context[-1] is the root, the target's choice at the hidden state's node: conditioned heads read it.
         logits = self.heads.logits(
-            self.model, self.hidden, base=False, blocks=len(self.spec.tree), following=context[-1], lm_head=self.lm_head
+            self.model, self.hidden, base=False, blocks=len(self.spec.tree), following=context[-1]
         )
         return self.top(logits, context, noise)
 

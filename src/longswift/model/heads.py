@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import cast
@@ -155,21 +154,19 @@ class DraftHeads(nn.Module):
         base: bool = True,
         blocks: int | None = None,
         following: Tensor | None = None,
-        lm_head: Callable[[Tensor], Tensor] | None = None,
     ) -> Tensor:
         """hidden (..., H) -> fp32 logits (γ+1, ..., V): row 0 from the base head, row i from block i.
 
         base=False leaves out the base head's row -> (γ, ..., V), for callers that already know its choice.
         blocks: run only the first `blocks` blocks (a tree shallower than γ reads no more rows: each row is a
         matmul with the whole LM head, the largest cost of drafting on a CPU). following (...,) token ids: the
-        token each position is followed by (the root), read by conditioned heads only. lm_head: computes the rows'
-        logits instead of the model's LM head (a drafter's cheaper copy: `draft_lm_head`).
+        token each position is followed by (the root), read by conditioned heads only.
         """
         embedded = model.model.embed_tokens(following) if self.conditioned and following is not None else None
         rows = [out.to(model.dtype) for out in self(hidden.to(self.dtype), blocks, embedded)]
         if base:
             rows.insert(0, model.model.norm(hidden))
-        return (lm_head or model.lm_head)(torch.stack(rows)).float()  # one LM-head matmul for all rows
+        return model.lm_head(torch.stack(rows)).float()  # one LM-head matmul for all rows
 
     @property
     def dtype(self) -> torch.dtype:
@@ -230,20 +227,3 @@ def _read(path: Path) -> tuple[HeadsMeta, dict[str, Tensor]]:
     if meta.format != FORMAT:
         raise HeadsError(f"{path} has heads format {meta.format!r}; this longswift reads {FORMAT!r}")
     return meta, state
-
-
-def draft_lm_head(model: Transformer) -> Callable[[Tensor], Tensor] | None:
-    """A cheaper LM head for draft rows, or None (use the model's): bf16 weights for an fp32 model on a CPU with
-    bf16 instructions (AVX512-BF16 or AMX).
-
-    On a CPU the LM head of a small model is memory-bound: the embedded model's (8192 x 256, fp32) took 0.64 ms per
-    row with cold caches, 0.35 ms in bf16 (scripts/draft_costs_micro.py), most of a fused draft's cost. A draft
-    only decides what is verified, never what is emitted, so its logits may be approximate; the verification's
-    logits always come from the model's own head.
-    """
-    weight = model.lm_head.weight
-    bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not bf16:
-        return None
-    copy = weight.detach().to(torch.bfloat16)
-    return lambda rows: F.linear(rows.to(torch.bfloat16), copy)
