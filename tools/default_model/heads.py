@@ -8,17 +8,17 @@ split under the paper's sampling, and the heads learn its distributions. It then
 on the held-out works with `longswift.train.evaluate_heads`. Until 2026-12-07 the heads were trained on the
 training split's text itself (`self_distill=False` still does that); see `train` for why that changed.
 
-Why these settings: the budget is under an hour on one CPU thread. The model writes 2,097,152 tokens (32
-sequences at a time: ~2,000 tokens/s, ~18 min on a 2-core AMD EPYC with the other core busy) and the heads take
-2,000 steps of one 1024-token window (0.85 s/step with soft targets and bf16 autocast, the other core busy: 28
-min), one pass over the corpus; measured, 2,000 steps on 2M tokens gave head 1's coupled drafts 0.60 acceptance
-at 8K context against 0.58 for 1,200 steps on 1M (BENCHMARKS.md, "Self-distilled heads for coupled drafts").
-(The corpus-trained recipe took 0.62 s a step on an idle machine, 1,200 steps.) 1024-token windows are the shortest we accept: heads must work at every position, and longer
-windows only cost time per step here. Heads start from the zero-residual init (they first predict what the base
-head predicts) and are fp32 (~2.5 MB). They are conditioned heads (head 1 also reads the root token, which
-drafting already knows) with a token MLP of width 512 over head 1's state and that token: trained the same way,
-head 1 matched the model's own greedy choice on held-out text in 55.2% of positions, against 45.9% without the
-MLP and 26.1% for plain heads (BENCHMARKS.md, "Conditioned heads" and "Token-MLP heads"). 0.45 s/step.
+Why these settings: the budget is under an hour on one CPU thread. The model writes 2,097,152 tokens (32 sequences at a
+time: ~2,000 tokens/s, ~18 min on a 2-core AMD EPYC with the other core busy) and the heads take 2,000 steps of one
+1024-token window (0.85 s/step with soft targets and bf16 autocast, the other core busy: 28 min), one pass over the
+corpus; measured, 2,000 steps on 2M tokens gave head 1's coupled drafts 0.60 acceptance at 8K context against 0.58 for
+1,200 steps on 1M (BENCHMARKS.md, "Self-distilled heads for coupled drafts"). (The corpus-trained recipe took 0.62 s a
+step on an idle machine, 1,200 steps.) 1024-token windows are the shortest we accept: heads must work at every position,
+and longer windows only cost time per step here. Heads start from the zero-residual init (they first predict what the
+base head predicts) and are fp32 (~2.5 MB). They are conditioned heads (head 1 also reads the root token, which drafting
+already knows) with a token MLP of width 512 over head 1's state and that token: trained the same way, head 1 matched
+the model's own greedy choice on held-out text in 55.2% of positions, against 45.9% without the MLP and 26.1% for plain
+heads (BENCHMARKS.md, "Conditioned heads" and "Token-MLP heads"). 0.45 s/step.
 
 Reads WORK/train.jsonl, WORK/valid.jsonl and the base model in OUT; writes OUT/heads.safetensors,
 WORK/heads_distill.safetensors (the model's own text, token ids: reused by a rerun with the same settings, continued
@@ -80,8 +80,16 @@ class HeadsSettings:
     @classmethod
     def smoke(cls) -> HeadsSettings:
         """A run of seconds, for smoke-testing the whole build chain."""
-        return cls(steps=5, seq_len=128, warmup=1, checkpoint_every=0, eval_windows=2, log_every=1,
-                   distill_tokens=264, distill_batch=2)
+        return cls(
+            steps=5,
+            seq_len=128,
+            warmup=1,
+            checkpoint_every=0,
+            eval_windows=2,
+            log_every=1,
+            distill_tokens=264,
+            distill_batch=2,
+        )
 
 
 def head_names(gamma: int) -> list[str]:
@@ -99,8 +107,11 @@ def _logger(settings: HeadsSettings):
         elapsed = time.perf_counter() - started
         eta = elapsed / stats.step * (stats.steps - stats.step)
         accuracy = " ".join(f"{a:.3f}" for a in stats.head_accuracy)
-        print(f"[heads] step {stats.step}/{stats.steps} loss {stats.loss:.4f} acc {accuracy} lr {stats.lr:.2e} "
-              f"{stats.tokens_per_second:.0f} tok/s elapsed {elapsed / 60:.1f} min eta {eta / 60:.1f} min", flush=True)
+        print(
+            f"[heads] step {stats.step}/{stats.steps} loss {stats.loss:.4f} acc {accuracy} lr {stats.lr:.2e} "
+            f"{stats.tokens_per_second:.0f} tok/s elapsed {elapsed / 60:.1f} min eta {eta / 60:.1f} min",
+            flush=True,
+        )
 
     return log
 
@@ -108,11 +119,22 @@ def _logger(settings: HeadsSettings):
 def train_config(work_dir: Path, out_dir: Path, settings: HeadsSettings, resume: bool = False) -> TrainConfig:
     """The library training config for the default model's heads."""
     return TrainConfig(
-        model=out_dir, data=(work_dir / "train.jsonl",), out=out_dir / HEADS_FILE, gamma=settings.gamma,
-        steps=settings.steps, lr=settings.lr, seq_len=settings.seq_len, batch_size=settings.batch_size,
-        warmup=settings.warmup, weight_decay=settings.weight_decay, seed=settings.seed,
-        checkpoint_every=settings.checkpoint_every, autocast=settings.autocast, resume=resume,
-        conditioned=settings.conditioned, token_mlp=settings.token_mlp,
+        model=out_dir,
+        data=(work_dir / "train.jsonl",),
+        out=out_dir / HEADS_FILE,
+        gamma=settings.gamma,
+        steps=settings.steps,
+        lr=settings.lr,
+        seq_len=settings.seq_len,
+        batch_size=settings.batch_size,
+        warmup=settings.warmup,
+        weight_decay=settings.weight_decay,
+        seed=settings.seed,
+        checkpoint_every=settings.checkpoint_every,
+        autocast=settings.autocast,
+        resume=resume,
+        conditioned=settings.conditioned,
+        token_mlp=settings.token_mlp,
     )
 
 
@@ -132,11 +154,21 @@ def train(work_dir: Path, out_dir: Path, settings: HeadsSettings, resume: bool =
         return train_heads(cfg, _logger(settings))
     corpus = work_dir / DISTILL_CORPUS
     distill = DistillConfig(
-        train=replace(cfg, data=(corpus,)), sampling=SamplingConfig.paper(), tokens=settings.distill_tokens,
-        batch=settings.distill_batch, prompts=work_dir / "train.jsonl", soft_targets=True, corpus=corpus,
+        train=replace(cfg, data=(corpus,)),
+        sampling=SamplingConfig.paper(),
+        tokens=settings.distill_tokens,
+        batch=settings.distill_batch,
+        prompts=work_dir / "train.jsonl",
+        soft_targets=True,
+        corpus=corpus,
     )
-    return self_distill(distill, _logger(settings), lambda p: print(
-        f"[heads] corpus {p.sequences}/{p.total} sequences, {p.tokens_per_second:.0f} tok/s", flush=True))
+    return self_distill(
+        distill,
+        _logger(settings),
+        lambda p: print(
+            f"[heads] corpus {p.sequences}/{p.total} sequences, {p.tokens_per_second:.0f} tok/s", flush=True
+        ),
+    )
 
 
 def evaluate(work_dir: Path, out_dir: Path, settings: HeadsSettings) -> tuple[list[float], int]:
@@ -152,8 +184,9 @@ def evaluate(work_dir: Path, out_dir: Path, settings: HeadsSettings) -> tuple[li
     return evaluate_heads(model, heads, ids, settings.seq_len, windows), windows * settings.seq_len
 
 
-def train_default_heads(work_dir: Path, out_dir: Path, settings: HeadsSettings = HeadsSettings(),
-                        resume: bool = False) -> dict[str, float]:
+def train_default_heads(
+    work_dir: Path, out_dir: Path, settings: HeadsSettings = HeadsSettings(), resume: bool = False
+) -> dict[str, float]:
     """Train, save, evaluate, write WORK/heads_metrics.json; return {head name: validation accuracy}."""
     wall_start = time.perf_counter()
     torch.set_num_threads(build_threads())  # one thread unless `build --threads N`: timings stay comparable
@@ -182,8 +215,11 @@ def train_default_heads(work_dir: Path, out_dir: Path, settings: HeadsSettings =
     }
     (work_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
     summary = ", ".join(f"{name} {value:.3f}" for name, value in named.items())
-    print(f"[heads] done in {metrics['wall_seconds'] / 60:.1f} min: train loss {report.final_loss:.4f}; "
-          f"validation top-1: {summary}", flush=True)
+    print(
+        f"[heads] done in {metrics['wall_seconds'] / 60:.1f} min: train loss {report.final_loss:.4f}; "
+        f"validation top-1: {summary}",
+        flush=True,
+    )
     return named
 
 
@@ -201,9 +237,13 @@ def settings_from_args(args: argparse.Namespace, smoke: bool = False) -> HeadsSe
     """HeadsSettings from parsed flags, or the smoke settings."""
     if smoke:
         return HeadsSettings.smoke()
-    return HeadsSettings(steps=args.heads_steps, seq_len=args.heads_seq_len, lr=args.heads_lr,
-                         warmup=min(HeadsSettings.warmup, max(1, args.heads_steps // 10)),
-                         eval_windows=args.heads_eval_windows)
+    return HeadsSettings(
+        steps=args.heads_steps,
+        seq_len=args.heads_seq_len,
+        lr=args.heads_lr,
+        warmup=min(HeadsSettings.warmup, max(1, args.heads_steps // 10)),
+        eval_windows=args.heads_eval_windows,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

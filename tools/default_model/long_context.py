@@ -71,10 +71,21 @@ class LongSettings:
         out, end = [], 0
         for seq_len, steps in self.stages:
             end += steps
-            out.append(TrainSettings(steps=end, seq_len=seq_len, batch_size=1, lr=self.lr,
-                                     warmup_steps=self.warmup_steps, seed=self.seed, log_every=5,
-                                     eval_windows=self.eval_windows, save_every=self.save_every,
-                                     max_minutes=self.max_minutes, schedule_steps=total))
+            out.append(
+                TrainSettings(
+                    steps=end,
+                    seq_len=seq_len,
+                    batch_size=1,
+                    lr=self.lr,
+                    warmup_steps=self.warmup_steps,
+                    seed=self.seed,
+                    log_every=5,
+                    eval_windows=self.eval_windows,
+                    save_every=self.save_every,
+                    max_minutes=self.max_minutes,
+                    schedule_steps=total,
+                )
+            )
         return out
 
 
@@ -108,16 +119,30 @@ def long_streams(work_dir: Path, tokenizer, eos_id: int) -> tuple[torch.Tensor, 
         write_long_docs(work_dir / name, docs)
         stream = encode_stream(tokenizer, [doc.text for doc in docs], eos_id)
         lengths = sorted(count(doc.text) for doc in docs)
-        counts[name] = {"documents": len(docs), "tokens": len(stream), "median_doc_tokens": lengths[len(lengths) // 2],
-                        "min_doc_tokens": lengths[0], "max_doc_tokens": lengths[-1]}
+        counts[name] = {
+            "documents": len(docs),
+            "tokens": len(stream),
+            "median_doc_tokens": lengths[len(lengths) // 2],
+            "min_doc_tokens": lengths[0],
+            "max_doc_tokens": lengths[-1],
+        }
         streams.append(stream)
-        print(f"[long] {name}: {len(docs)} documents, {len(stream):,} tokens (median {counts[name]['median_doc_tokens']:,})",
-              flush=True)
+        print(
+            f"[long] {name}: {len(docs)} documents, {len(stream):,} tokens "
+            f"(median {counts[name]['median_doc_tokens']:,})",
+            flush=True,
+        )
     return streams[0], streams[1], counts
 
 
-def train_long(work_dir: Path, init_dir: Path, out_dir: Path, settings: LongSettings = LongSettings(),
-               resume: bool = False, tag: str = TAG) -> dict:
+def train_long(
+    work_dir: Path,
+    init_dir: Path,
+    out_dir: Path,
+    settings: LongSettings = LongSettings(),
+    resume: bool = False,
+    tag: str = TAG,
+) -> dict:
     """Continue `init_dir`'s model through the curriculum; save to `out_dir`; write WORK/<tag>_metrics.json.
 
     `tag` names the phase's resumable state (WORK/<tag>_state/) and metrics, so that a second phase on top of a
@@ -174,19 +199,37 @@ def metrics_file(tag: str = TAG) -> str:
 def add_long_flags(parser: argparse.ArgumentParser) -> None:
     """Flags shared with build.py."""
     defaults = LongSettings()
-    parser.add_argument("--stages", type=parse_stages, default=defaults.stages,
-                        help="long-context curriculum WINDOW:STEPS,... (default 8192:180,16384:110)")
+    parser.add_argument(
+        "--stages",
+        type=parse_stages,
+        default=defaults.stages,
+        help="long-context curriculum WINDOW:STEPS,... (default 8192:180,16384:110)",
+    )
     parser.add_argument("--long-lr", type=float, default=defaults.lr)
-    parser.add_argument("--long-warmup", type=int, default=defaults.warmup_steps,
-                        help="warm-up steps of the curriculum's one schedule (default 20)")
-    parser.add_argument("--long-schedule", type=int, default=None,
-                        help="the cosine's horizon in steps (default: the stages' total; longer ends before it)")
+    parser.add_argument(
+        "--long-warmup",
+        type=int,
+        default=defaults.warmup_steps,
+        help="warm-up steps of the curriculum's one schedule (default 20)",
+    )
+    parser.add_argument(
+        "--long-schedule",
+        type=int,
+        default=None,
+        help="the cosine's horizon in steps (default: the stages' total; longer ends before it)",
+    )
     parser.add_argument("--long-max-minutes", type=float, default=None)
 
 
 def long_settings_from_args(args: argparse.Namespace) -> LongSettings:
-    return replace(LongSettings(), stages=args.stages, lr=args.long_lr, warmup_steps=args.long_warmup,
-                   max_minutes=args.long_max_minutes, schedule_steps=args.long_schedule)
+    return replace(
+        LongSettings(),
+        stages=args.stages,
+        lr=args.long_lr,
+        warmup_steps=args.long_warmup,
+        max_minutes=args.long_max_minutes,
+        schedule_steps=args.long_schedule,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -195,9 +238,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--init", type=Path, default=None, help="starting model directory (default: --out)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--resume", action="store_true", help="continue from WORK/<tag>_state/ if it exists")
-    parser.add_argument("--tag", default=TAG,
-                        help=f"the phase's name: WORK/<tag>_state/ and its metrics file (default {TAG}; the "
-                             f"build's 32K phase is {LONG32_TAG})")
+    parser.add_argument(
+        "--tag",
+        default=TAG,
+        help=f"the phase's name: WORK/<tag>_state/ and its metrics file (default {TAG}; the "
+        f"build's 32K phase is {LONG32_TAG})",
+    )
     add_long_flags(parser)
     args = parser.parse_args(argv)
     train_long(args.work, args.init or args.out, args.out, long_settings_from_args(args), args.resume, args.tag)

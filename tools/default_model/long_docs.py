@@ -50,8 +50,12 @@ def read_units(jsonl: Path) -> dict[str, list[tuple[str, str]]]:
     return {unit: sorted(files) for unit, files in sorted(units.items())}
 
 
-def build_long_docs(units: dict[str, list[tuple[str, str]]], count_tokens: Callable[[str], int],
-                    min_tokens: int = MIN_DOC_TOKENS, max_tokens: int = MAX_DOC_TOKENS) -> list[LongDoc]:
+def build_long_docs(
+    units: dict[str, list[tuple[str, str]]],
+    count_tokens: Callable[[str], int],
+    min_tokens: int = MIN_DOC_TOKENS,
+    max_tokens: int = MAX_DOC_TOKENS,
+) -> list[LongDoc]:
     """Join units into documents of `min_tokens`..`max_tokens` tokens (the last one may be shorter)."""
     docs: list[LongDoc] = []
     names: list[str] = []
@@ -107,8 +111,19 @@ def stdlib_units(root: Path) -> dict[str, list[tuple[str, str]]]:
 
     Leaves out tests, site-packages and vendored/generated code, which are not what the library is.
     """
-    skip = ("test", "tests", "idlelib", "site-packages", "lib2to3", "pydoc_data", "encodings", "ensurepip",
-            "__pycache__", "turtledemo", "config-")
+    skip = (
+        "test",
+        "tests",
+        "idlelib",
+        "site-packages",
+        "lib2to3",
+        "pydoc_data",
+        "encodings",
+        "ensurepip",
+        "__pycache__",
+        "turtledemo",
+        "config-",
+    )
     units: dict[str, list[tuple[str, str]]] = {}
     for file in sorted(root.rglob("*.py")):
         relative = file.relative_to(root).as_posix()

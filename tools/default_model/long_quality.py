@@ -16,10 +16,11 @@ Two evaluation sets, both held out of training:
   are recorded): an independent evaluation set, never trained or tuned on.
 
 Greedy continuation: `GREEDY_TOKENS` tokens after a held-out file's opening, with the paper's penalty (and, with
-`--frequency-penalty`, OpenAI's frequency penalty over the same window, which grows with every repeat and so
-breaks the one-sub-word loops the paper's penalty alone lets through), read at 8K, 20K and 32K tokens: the repetition share (generated tokens whose 4-gram ending at them already occurred
-earlier in the text: the token-level form of `decode/bound.py`'s repeating steps; the same measure on held-out
-human code is reported beside it), the most frequent non-blank line and its share of the non-blank lines.
+`--frequency-penalty`, OpenAI's frequency penalty over the same window, which grows with every repeat and so breaks the
+one-sub-word loops the paper's penalty alone lets through), read at 8K, 20K and 32K tokens: the repetition share
+(generated tokens whose 4-gram ending at them already occurred earlier in the text: the token-level form of
+`decode/bound.py`'s repeating steps; the same measure on held-out human code is reported beside it), the most frequent
+non-blank line and its share of the non-blank lines.
 
 Alone: `python -m tools.default_model.long_quality [--model DIR] [--tokens N] [--frequency-penalty F] --out FILE`
 runs only that continuation (TokenSwift, one thread; about 2 minutes for 32K tokens) and writes its readings.
@@ -86,7 +87,7 @@ def chunks_and_prefixes(docs: list[list[int]], eos_id: int) -> list[tuple[list[i
         for j, d in enumerate(docs):
             if j != index:
                 other += d + [eos_id]
-        pairs.append((doc[start: start + CHUNK_TOKENS], other))
+        pairs.append((doc[start : start + CHUNK_TOKENS], other))
     return pairs
 
 
@@ -96,7 +97,7 @@ def score_chunk(model: Any, prefix: list[int], chunk: list[int], chooser: TokenC
     ids = torch.tensor(prefix + chunk)
     hidden = model.model(input_ids=ids[None], use_cache=False).last_hidden_state[0]
     first = len(prefix) - 1  # the position whose output predicts chunk[0]
-    logits = model.lm_head(hidden[first: first + len(chunk)]).float()
+    logits = model.lm_head(hidden[first : first + len(chunk)]).float()
     targets = torch.tensor(chunk)
     nll = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
     hits = (logits.argmax(-1) == targets).float()
@@ -121,9 +122,12 @@ def position_scores(model: Any, docs: list[list[int]], eos_id: int) -> dict[str,
             hit += scores["hit"]
             top += scores["top"]
         if nll:
-            out[str(position)] = {"perplexity": float(torch.tensor(nll).mean().exp()),
-                                  "top1": sum(hit) / len(hit), "mean_top_probability": sum(top) / len(top),
-                                  "tokens": len(nll)}
+            out[str(position)] = {
+                "perplexity": float(torch.tensor(nll).mean().exp()),
+                "top1": sum(hit) / len(hit),
+                "mean_top_probability": sum(top) / len(top),
+                "tokens": len(nll),
+            }
         print(f"[quality] position {position:,}: {out.get(str(position))}", flush=True)
     base = out.get(str(POSITIONS[0]), {}).get("top1")
     for row in out.values():
@@ -142,8 +146,11 @@ def line_shares(text: str) -> dict[str, Any]:
     lines = [line for line in text.split("\n") if line.strip()]
     counts = Counter(line.strip() for line in lines)
     top, count = counts.most_common(1)[0] if counts else ("", 0)
-    return {"nonblank_lines": len(lines), "most_common_line": top,
-            "most_common_line_share": count / len(lines) if lines else 0.0}
+    return {
+        "nonblank_lines": len(lines),
+        "most_common_line": top,
+        "most_common_line_share": count / len(lines) if lines else 0.0,
+    }
 
 
 def greedy_long(model_dir: Path, prompt: str, tokens: int = GREEDY_TOKENS, frequency: float = 0.0) -> dict[str, Any]:
@@ -158,12 +165,20 @@ def greedy_long(model_dir: Path, prompt: str, tokens: int = GREEDY_TOKENS, frequ
     for reading in GREEDY_READINGS:
         if reading <= len(result.token_ids):
             text = engine.tokenizer.decode(result.token_ids[:reading])
-            readings[str(reading)] = {"repetition_share": repeated_share(ids[: len(prompt_ids) + reading],
-                                                                         len(prompt_ids)), **line_shares(text)}
+            readings[str(reading)] = {
+                "repetition_share": repeated_share(ids[: len(prompt_ids) + reading], len(prompt_ids)),
+                **line_shares(text),
+            }
             print(f"[quality] greedy {reading:,}: {readings[str(reading)]}", flush=True)
     penalty = "1.2 over the last 1,024 tokens" + (f", frequency penalty {frequency} over the same" if frequency else "")
-    return {"penalty": penalty, "frequency_penalty": frequency, "tokens": len(result.token_ids), "readings": readings,
-            "tokens_per_step": result.stats.get("mean_accepted"), "excerpt": engine.tokenizer.decode(result.token_ids[-400:])}
+    return {
+        "penalty": penalty,
+        "frequency_penalty": frequency,
+        "tokens": len(result.token_ids),
+        "readings": readings,
+        "tokens_per_step": result.stats.get("mean_accepted"),
+        "excerpt": engine.tokenizer.decode(result.token_ids[-400:]),
+    }
 
 
 def reference_repetition(docs: list[list[int]], tokens: int = 20480) -> float:

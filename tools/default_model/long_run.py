@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from longswift.model.checkpoint import Checkpoint, default_model_dir
-from longswift.jobs.state import JobState
 from longswift.bench.metrics import distinct_n
+from longswift.jobs.state import JobState
+from longswift.model.checkpoint import Checkpoint, default_model_dir
 
 from .corpus import DEFAULT_WORK
 from .model_card import LONG_RUN_FILE
@@ -38,11 +38,30 @@ POLL_SECONDS = 0.25
 
 def command(run_dir: Path, tokens: int, resume: bool) -> list[str]:
     """The CLI call: TokenSwift (the shipped heads), the CLI's default sampling, seed 0, no EOS stop."""
-    return [sys.executable, "-m", "longswift", "generate", "--mode", "tokenswift", "--prompt", PROMPT,
-            "--max-new-tokens", str(tokens), "--ignore-eos", "--seed", str(SEED),
-            "--output", str(run_dir / "out.txt"), "--checkpoint", str(run_dir / "job.json"),
-            "--checkpoint-every", str(CHECKPOINT_EVERY), "--log-every", str(CHECKPOINT_EVERY),
-            *(["--resume"] if resume else [])]
+    return [
+        sys.executable,
+        "-m",
+        "longswift",
+        "generate",
+        "--mode",
+        "tokenswift",
+        "--prompt",
+        PROMPT,
+        "--max-new-tokens",
+        str(tokens),
+        "--ignore-eos",
+        "--seed",
+        str(SEED),
+        "--output",
+        str(run_dir / "out.txt"),
+        "--checkpoint",
+        str(run_dir / "job.json"),
+        "--checkpoint-every",
+        str(CHECKPOINT_EVERY),
+        "--log-every",
+        str(CHECKPOINT_EVERY),
+        *(["--resume"] if resume else []),
+    ]
 
 
 def resident_kb(pid: int) -> int | None:
@@ -63,8 +82,10 @@ def run(run_dir: Path, tokens: int) -> dict[str, Any]:
     resume = (run_dir / "job.json").exists()
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     start = time.time()
-    with open(run_dir / "log.txt", "a", encoding="utf-8") as log, \
-            open(run_dir / "memory.tsv", "a", encoding="utf-8") as memory:
+    with (
+        open(run_dir / "log.txt", "a", encoding="utf-8") as log,
+        open(run_dir / "memory.tsv", "a", encoding="utf-8") as memory,
+    ):
         child = subprocess.Popen(command(run_dir, tokens, resume), stdout=subprocess.DEVNULL, stderr=log, env=env)
         next_sample = time.monotonic() + SAMPLE_SECONDS  # the first sample after loading, not during it
         while True:
@@ -78,8 +99,14 @@ def run(run_dir: Path, tokens: int) -> dict[str, Any]:
                 memory.flush()
                 next_sample = time.monotonic() + SAMPLE_SECONDS
             time.sleep(POLL_SECONDS)
-    session = {"started": start, "seconds": time.time() - start, "resumed": resume, "exit_code": child.returncode,
-               "peak_rss_kb": peak, "tokens_at_end": tokens_done(run_dir)}
+    session = {
+        "started": start,
+        "seconds": time.time() - start,
+        "resumed": resume,
+        "exit_code": child.returncode,
+        "peak_rss_kb": peak,
+        "tokens_at_end": tokens_done(run_dir),
+    }
     with open(run_dir / "sessions.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(session) + "\n")
     return session
@@ -107,9 +134,14 @@ def summarise(run_dir: Path, model_dir: Path) -> dict[str, Any]:
         "seconds": sum(s["seconds"] for s in sessions),
         "sessions": len(sessions),
         "peak_rss_mb": max(s["peak_rss_kb"] for s in sessions) / 1024,
-        "rss_mb_min": min(rss_mb, default=None), "rss_mb_max": max(rss_mb, default=None), "rss_samples": len(rss_mb),
+        "rss_mb_min": min(rss_mb, default=None),
+        "rss_mb_max": max(rss_mb, default=None),
+        "rss_samples": len(rss_mb),
         "distinct": {str(n): distinct_n(ids, n) for n in (1, 2, 3, 4)},
-        "mode": state.mode, "config": state.config, "prompt": PROMPT, "seed": SEED,
+        "mode": state.mode,
+        "config": state.config,
+        "prompt": PROMPT,
+        "seed": SEED,
         "model_fingerprint": state.model_fingerprint,
         "current_model": state.model_fingerprint == Checkpoint.open(model_dir).fingerprint(),
         "command": f"python -m tools.default_model.long_run --tokens {len(ids)}",
@@ -125,8 +157,10 @@ def main(argv: list[str] | None = None) -> None:
     run_dir = args.work / "long_run"
     session = run(run_dir, args.tokens)
     if session["exit_code"] != 0:
-        sys.exit(f"longswift exited with {session['exit_code']} after {session['tokens_at_end']:,} tokens; see "
-                 f"{run_dir / 'log.txt'} (rerun this command to continue from the last checkpoint)")
+        sys.exit(
+            f"longswift exited with {session['exit_code']} after {session['tokens_at_end']:,} tokens; see "
+            f"{run_dir / 'log.txt'} (rerun this command to continue from the last checkpoint)"
+        )
     summary = summarise(run_dir, args.model or default_model_dir())
     (args.work / LONG_RUN_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(json.dumps({k: summary[k] for k in ("tokens", "seconds", "peak_rss_mb", "distinct")}))

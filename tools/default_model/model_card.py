@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from .card_sections import splice_sections
 from .corpus import DEFAULT_WORK
@@ -161,7 +162,8 @@ def _heads_training_lines(heads: Mapping[str, Any]) -> list[str]:
         f"- `heads.safetensors`: γ = {s['gamma']} TokenSwift draft heads (each `h <- h + W·RMSNorm(h)`, chained, "
         f"sharing the frozen LM head{conditioned}), fp32, {heads['heads_bytes'] / 2**20:.1f} MiB; head i predicts "
         "token t+1+i.",
-        f"- {_heads_data(s)}, base model frozen: {heads['steps_done']:,} steps of {s['batch_size']} x {s['seq_len']:,} tokens ({heads['tokens_seen']:,} tokens), AdamW peak "
+        f"- {_heads_data(s)}, base model frozen: {heads['steps_done']:,} steps of "
+        f"{s['batch_size']} x {s['seq_len']:,} tokens ({heads['tokens_seen']:,} tokens), AdamW peak "
         f"learning rate {s['lr']:g}, warm-up {s['warmup']} steps, cosine decay, weight decay {s['weight_decay']:g}, "
         f"{precision}, seed {s['seed']}.",
         f"- One CPU thread: {_minutes(heads['train_seconds'])} of training ({heads['seconds_per_step']:.2f} s/step), "
@@ -182,7 +184,8 @@ def _heads_data(s: Mapping[str, Any]) -> str:
     return (
         f"Self-distilled (`longswift.train.distill.self_distill`, soft targets): the base model wrote "
         f"{s['distill_tokens']:,} tokens under the paper's sampling (temperature 1, min-p 0.1, penalty 1.2 over "
-        f"1,024), continuing prompts from the training split, {s['distill_batch']} sequences at a time, and head i learnt the "
+        f"1,024), continuing prompts from the training split, {s['distill_batch']} sequences at a time, "
+        "and head i learnt the "
         "model's own distribution of token t+1+i (KL)"
     )
 
@@ -201,14 +204,18 @@ def _long_run_section(long_run: Mapping[str, Any] | None) -> list[str]:
         f"min-p {sampling['min_p']:g}, repetition penalty {sampling['repetition_penalty']:g} over the last "
         f"{sampling['penalty_window']:,} tokens), seed {long_run['seed']}, one CPU thread, fp32.",
         f"- Finished in {_minutes(long_run['seconds'])}{sessions}, without NaN or infinite logits: "
-        + ("every generated id is a valid token, which a sampled NaN row cannot produce, and "
-           if long_run.get("ids_in_vocabulary") else "")
+        + (
+            "every generated id is a valid token, which a sampled NaN row cannot produce, and "
+            if long_run.get("ids_in_vocabulary")
+            else ""
+        )
         + "longswift stops a job with an error on such logits.",
         _memory_line(long_run),
         f"- Distinct-1..4 of the generated tokens: {distinct}. Low values mean the model repeats itself over 100K "
         "tokens: a 6M-parameter model has little to say.",
         f"- Command: `{long_run['command']}`; {long_run['tokens'] / long_run['seconds']:.1f} tokens/s over the "
-        f"process's wall time (start-up and prefill included); measured on these weights (model fingerprint `{long_run['model_fingerprint']}`).",
+        f"process's wall time (start-up and prefill included); measured on these weights "
+        f"(model fingerprint `{long_run['model_fingerprint']}`).",
         "",
     ]
 
@@ -216,8 +223,10 @@ def _long_run_section(long_run: Mapping[str, Any] | None) -> list[str]:
 def _memory_line(long_run: Mapping[str, Any]) -> str:
     line = f"- Memory: peak resident set {long_run['peak_rss_mb']:,.0f} MiB"
     if long_run["rss_samples"]:
-        line += (f"; resident set between {long_run['rss_mb_min']:,.0f} and {long_run['rss_mb_max']:,.0f} MiB over "
-                 f"{long_run['rss_samples']} samples taken every 30 s")
+        line += (
+            f"; resident set between {long_run['rss_mb_min']:,.0f} and {long_run['rss_mb_max']:,.0f} MiB over "
+            f"{long_run['rss_samples']} samples taken every 30 s"
+        )
     line += " (the full KV cache is allocated up front, so it does not grow with the text"
     if long_run["sessions"] > 1:
         line += "; the highest values are the prefill that re-reads the whole text when a session resumes"
@@ -245,9 +254,11 @@ def _quality_section(quality: Mapping[str, Any] | None) -> list[str]:
     for greedy in quality["greedy"]:
         penalty = "none" if greedy["penalty"] == 1 else f"{greedy['penalty']:g} over {greedy['penalty_window']:,}"
         distinct = " / ".join(f"{greedy['distinct'][str(n)]:.3f}" for n in (1, 2, 3, 4))
-        lines.append(f"| {penalty} | {distinct} | {greedy['longest_repeated_line_run']} | "
-                     f"{greedy['longest_blank_run']} | {greedy['most_common_line_share']:.1%} "
-                     f"(`{greedy['most_common_line'].strip()[:40]}`) |")
+        lines.append(
+            f"| {penalty} | {distinct} | {greedy['longest_repeated_line_run']} | "
+            f"{greedy['longest_blank_run']} | {greedy['most_common_line_share']:.1%} "
+            f"(`{greedy['most_common_line'].strip()[:40]}`) |"
+        )
     lines += [""] + long_quality_lines(quality.get("long"))
     return lines + [f"- Command: `python -m tools.default_model.quality` ({quality['seconds'] / 60:.1f} min).", ""]
 
@@ -294,9 +305,11 @@ def render_model_card(
     lines += _sample_section(sample_text)
     lines += ["## Rebuild", "", f"`{REBUILD_COMMAND}` from the repository root (see tools/default_model/)."]
     if len(metrics.get("stages") or []) > 1:
-        lines += ["That builds the corpus, the tokenizer and the first training stage; the later stages above continue "
-                  "it (`--resume` with their flags), and `python -m tools.default_model.build --only-heads` then "
-                  "trains the heads on the result."]
+        lines += [
+            "That builds the corpus, the tokenizer and the first training stage; the later stages above continue "
+            "it (`--resume` with their flags), and `python -m tools.default_model.build --only-heads` then "
+            "trains the heads on the result."
+        ]
     lines += [""]
     return "\n".join(lines)
 
@@ -331,8 +344,11 @@ def write_model_card(
     long_path = metrics_path.parent / LONG_METRICS_FILE
     long_metrics = json.loads(long_path.read_text(encoding="utf-8")) if long_path.exists() else None
     path = out_dir / "MODEL_CARD.md"
-    later = [json.loads(p.read_text(encoding="utf-8")) for p in (metrics_path.parent / n for n in LATER_PHASE_FILES)
-             if p.exists()]
+    later = [
+        json.loads(p.read_text(encoding="utf-8"))
+        for p in (metrics_path.parent / n for n in LATER_PHASE_FILES)
+        if p.exists()
+    ]
     text = render_model_card(metrics, head_accuracy, sample_text, heads, long_run, quality, long_metrics, later)
     if sections is not None and path.exists():
         text = splice_sections(path.read_text(encoding="utf-8"), text, sections)
@@ -352,8 +368,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--sample-file", type=Path, default=None, help="generated text to quote in the card")
     parser.add_argument("--head-accuracy", type=Path, default=None, help='JSON {"head 1": 0.42, ...}')
-    parser.add_argument("--heads-metrics", type=Path, default=None,
-                        help="heads_metrics.json (default: WORK/heads_metrics.json when OUT/heads.safetensors exists)")
+    parser.add_argument(
+        "--heads-metrics",
+        type=Path,
+        default=None,
+        help="heads_metrics.json (default: WORK/heads_metrics.json when OUT/heads.safetensors exists)",
+    )
     args = parser.parse_args(argv)
     sample = args.sample_file.read_text(encoding="utf-8") if args.sample_file else None
     heads = json.loads(args.head_accuracy.read_text(encoding="utf-8")) if args.head_accuracy else None

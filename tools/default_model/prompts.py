@@ -25,7 +25,7 @@ def prompt_windows(text: str) -> list[str]:
     out = []
     for fraction in FRACTIONS:
         start = text.find("\n", int(len(text) * fraction)) + 1
-        out.append(text[start: start + WINDOW_CHARS])
+        out.append(text[start : start + WINDOW_CHARS])
     return out
 
 

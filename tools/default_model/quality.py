@@ -37,9 +37,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 import longswift
 from longswift import SamplingConfig
-from longswift.model.checkpoint import Checkpoint, default_model_dir
 from longswift.bench.metrics import distinct_n
 from longswift.decode.sampling import TokenChooser
+from longswift.model.checkpoint import Checkpoint, default_model_dir
 
 from . import long_quality
 from .corpus import DEFAULT_WORK
@@ -56,7 +56,7 @@ GREEDY_PROMPT = (
     "from pathlib import Path\n\nfrom django.conf import settings\nfrom django.http import HttpResponseForbidden\n"
     "from django.template import Context, Engine, TemplateDoesNotExist, loader\nfrom django.utils.translation "
     "import gettext as _\nfrom django.utils.version import get_docs_version\n\nCSRF_FAILURE_TEMPLATE_NAME = "
-    "\"403_csrf.html\"\n\n\ndef builtin_template_path(name):\n    \"\"\"\n    Return a path to a builtin template.\n"
+    '"403_csrf.html"\n\n\ndef builtin_template_path(name):\n    """\n    Return a path to a builtin template.\n'
 )
 
 
@@ -68,8 +68,9 @@ def held_out_prompts(model_dir: Path, tokenizer: Any, count: int, length: int) -
 
 
 @torch.inference_mode()
-def sampled_top_probabilities(model: Any, prompt: list[int], sampling: SamplingConfig, new_tokens: int,
-                              seed: int) -> list[float]:
+def sampled_top_probabilities(
+    model: Any, prompt: list[int], sampling: SamplingConfig, new_tokens: int, seed: int
+) -> list[float]:
     """Sample `new_tokens` with longswift's pipeline; return each step's top-token probability after it."""
     chooser = TokenChooser(sampling, torch.Generator().manual_seed(seed))
     ids = torch.tensor(prompt)
@@ -119,48 +120,66 @@ def greedy_check(model_dir: Path, sampling: SamplingConfig, new_tokens: int) -> 
     }
 
 
-def long_measures(model_dir: Path, work_dir: Path, model: Any, tokenizer: Any, greedy_tokens: int,
-                  greedy_frequency: float = 0.0) -> dict[str, Any]:
+def long_measures(
+    model_dir: Path, work_dir: Path, model: Any, tokenizer: Any, greedy_tokens: int, greedy_frequency: float = 0.0
+) -> dict[str, Any]:
     """Scores by position on both held-out sets, and the long greedy continuation (`long_quality.py`)."""
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     out: dict[str, Any] = {"positions": {}, "chunks": long_quality.CHUNKS, "chunk_tokens": long_quality.CHUNK_TOKENS}
     for source in ("django", "stdlib"):
         docs, about = long_quality.eval_documents(work_dir, tokenizer, source)
-        out["positions"][source] = {**about, "scores": long_quality.position_scores(model, docs, eos_id),
-                                    "reference_repetition_share": long_quality.reference_repetition(docs)}
+        out["positions"][source] = {
+            **about,
+            "scores": long_quality.position_scores(model, docs, eos_id),
+            "reference_repetition_share": long_quality.reference_repetition(docs),
+        }
     if greedy_tokens:
         out["greedy"] = long_quality.greedy_long(model_dir, GREEDY_PROMPT, greedy_tokens)
         if greedy_frequency:  # the same continuation with OpenAI's frequency penalty on top
-            out["greedy_frequency"] = long_quality.greedy_long(model_dir, GREEDY_PROMPT, greedy_tokens,
-                                                               greedy_frequency)
+            out["greedy_frequency"] = long_quality.greedy_long(
+                model_dir, GREEDY_PROMPT, greedy_tokens, greedy_frequency
+            )
     return out
 
 
-def measure(model_dir: Path, work_dir: Path = DEFAULT_WORK, short: bool = False,
-            greedy_tokens: int = long_quality.GREEDY_TOKENS, greedy_frequency: float = 0.0) -> dict[str, Any]:
+def measure(
+    model_dir: Path,
+    work_dir: Path = DEFAULT_WORK,
+    short: bool = False,
+    greedy_tokens: int = long_quality.GREEDY_TOKENS,
+    greedy_frequency: float = 0.0,
+) -> dict[str, Any]:
     """Every number of quality.json for the model in `model_dir` (`short`: only the prompt-window measures)."""
     torch.set_num_threads(1)
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     paper = SamplingConfig.paper()
-    per_prompt = [sampled_top_probabilities(model, prompt, paper, SAMPLED_TOKENS, SEED + i)
-                  for i, prompt in enumerate(held_out_prompts(model_dir, tokenizer, SAMPLED_PROMPTS, PROMPT_TOKENS))]
+    per_prompt = [
+        sampled_top_probabilities(model, prompt, paper, SAMPLED_TOKENS, SEED + i)
+        for i, prompt in enumerate(held_out_prompts(model_dir, tokenizer, SAMPLED_PROMPTS, PROMPT_TOKENS))
+    ]
     tops = [p for prompt in per_prompt for p in prompt]
     return {
         "model": str(model_dir),
         "model_fingerprint": Checkpoint.open(model_dir).fingerprint(),
         "sampled": {
             "settings": "temperature 1, min-p 0.1, repetition penalty 1.2 over the last 1,024 tokens",
-            "prompts": len(per_prompt), "prompt_tokens": PROMPT_TOKENS, "tokens_per_prompt": SAMPLED_TOKENS,
+            "prompts": len(per_prompt),
+            "prompt_tokens": PROMPT_TOKENS,
+            "tokens_per_prompt": SAMPLED_TOKENS,
             "mean_top_probability": sum(tops) / len(tops),
             "per_prompt_mean_top_probability": [sum(p) / len(p) for p in per_prompt],
         },
-        "greedy": [greedy_check(model_dir, SamplingConfig(), GREEDY_TOKENS),
-                   greedy_check(model_dir, SamplingConfig(repetition_penalty=1.2, penalty_window=1024),
-                                GREEDY_TOKENS)],
-        **({} if short else {"long": long_measures(model_dir, work_dir, model, tokenizer, greedy_tokens,
-                                                                 greedy_frequency)}),
+        "greedy": [
+            greedy_check(model_dir, SamplingConfig(), GREEDY_TOKENS),
+            greedy_check(model_dir, SamplingConfig(repetition_penalty=1.2, penalty_window=1024), GREEDY_TOKENS),
+        ],
+        **(
+            {}
+            if short
+            else {"long": long_measures(model_dir, work_dir, model, tokenizer, greedy_tokens, greedy_frequency)}
+        ),
         "seconds": time.perf_counter() - started,
     }
 
@@ -170,24 +189,36 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", type=Path, default=None, help="model dir (default: the embedded model)")
     parser.add_argument("--work", type=Path, default=DEFAULT_WORK)
     parser.add_argument("--short", action="store_true", help="only the prompt-window measures (no positions)")
-    parser.add_argument("--greedy-tokens", type=int, default=long_quality.GREEDY_TOKENS,
-                        help="length of the long greedy continuation (0: none)")
-    parser.add_argument("--greedy-frequency", type=float, default=0.0,
-                        help="also run that continuation with this frequency penalty (0: only the paper's penalty)")
+    parser.add_argument(
+        "--greedy-tokens",
+        type=int,
+        default=long_quality.GREEDY_TOKENS,
+        help="length of the long greedy continuation (0: none)",
+    )
+    parser.add_argument(
+        "--greedy-frequency",
+        type=float,
+        default=0.0,
+        help="also run that continuation with this frequency penalty (0: only the paper's penalty)",
+    )
     args = parser.parse_args(argv)
     model_dir = args.model or default_model_dir()
     report = measure(model_dir, args.work, args.short, args.greedy_tokens, args.greedy_frequency)
     args.work.mkdir(parents=True, exist_ok=True)
     (args.work / QUALITY_FILE).write_text(json.dumps(report, indent=2) + "\n")
     sampled = report["sampled"]
-    print(f"[quality] sampled (paper settings): mean top-token probability {sampled['mean_top_probability']:.3f} "
-          f"over {sampled['prompts']} held-out prompts x {sampled['tokens_per_prompt']} tokens")
+    print(
+        f"[quality] sampled (paper settings): mean top-token probability {sampled['mean_top_probability']:.3f} "
+        f"over {sampled['prompts']} held-out prompts x {sampled['tokens_per_prompt']} tokens"
+    )
     for greedy in report["greedy"]:
-        print(f"[quality] greedy (penalty {greedy['penalty']}/{greedy['penalty_window']}): distinct-1..4 "
-              + " / ".join(f"{v:.3f}" for v in greedy["distinct"].values())
-              + f", longest repeated-line run {greedy['longest_repeated_line_run']}, longest blank run "
-              f"{greedy['longest_blank_run']}, most common line {greedy['most_common_line_share']:.1%} "
-              f"({greedy['most_common_line']!r})")
+        print(
+            f"[quality] greedy (penalty {greedy['penalty']}/{greedy['penalty_window']}): distinct-1..4 "
+            + " / ".join(f"{v:.3f}" for v in greedy["distinct"].values())
+            + f", longest repeated-line run {greedy['longest_repeated_line_run']}, longest blank run "
+            f"{greedy['longest_blank_run']}, most common line {greedy['most_common_line_share']:.1%} "
+            f"({greedy['most_common_line']!r})"
+        )
     print(f"[quality] wrote {args.work / QUALITY_FILE} in {report['seconds']:.0f} s")
 
 

@@ -59,8 +59,6 @@ SIZE_LIMIT_BYTES = 25 * 1024 * 1024
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-
-
 # The shipped base model's schedule (MODEL_CARD "Training"), each stage resumed from the previous one's state: the
 # first ran 1,200 steps on its own cosine; time limits then stopped a 2,000-step schedule at step 1,300, and the
 # last stage switched to 4,096-token windows on a cosine over 1,800 steps. Pinned as run, so that `build` repeats it.
@@ -142,13 +140,16 @@ def measure(stream: torch.Tensor, config: LlamaConfig, settings: TrainSettings, 
         optimizer = make_optimizer(model, trial)
         generator = torch.Generator().manual_seed(settings.seed)
         times = []
-        for step in range(steps + 1):
+        for _ in range(steps + 1):
             start = time.perf_counter()
             train_step(model, optimizer, sample_batch(stream, trial, generator), trial.lr, trial)
             times.append(time.perf_counter() - start)
         result["bf16" if bf16 else "fp32"] = sum(times[1:]) / steps
-        print(f"[measure] {'bf16 autocast' if bf16 else 'fp32'}: {result['bf16' if bf16 else 'fp32']:.2f} s/step "
-              f"(batch {trial.batch_size} x {trial.seq_len})", flush=True)
+        print(
+            f"[measure] {'bf16 autocast' if bf16 else 'fp32'}: {result['bf16' if bf16 else 'fp32']:.2f} s/step "
+            f"(batch {trial.batch_size} x {trial.seq_len})",
+            flush=True,
+        )
     return result
 
 
@@ -298,8 +299,12 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-windows", type=int, default=defaults.eval_windows)
     parser.add_argument("--fp32", action="store_true", help="disable bf16 autocast")
     parser.add_argument("--max-minutes", type=float, default=None, help="stop the loop early past this")
-    parser.add_argument("--save-every", type=int, default=defaults.save_every,
-                        help="steps between resumable states in WORK/train_state/")
+    parser.add_argument(
+        "--save-every",
+        type=int,
+        default=defaults.save_every,
+        help="steps between resumable states in WORK/train_state/",
+    )
     parser.add_argument("--resume", action="store_true", help="continue from WORK/train_state/ if it exists")
 
 

@@ -135,8 +135,9 @@ def save_state(state_dir: Path, model, optimizer, generator: torch.Generator, pr
     weights.pop("lm_head.weight", None)  # tied to the embedding; safetensors refuses shared storage
     save_file(weights, str(tmp / "model.safetensors"))
     opt = optimizer.state_dict()
-    tensors = {f"{index}.{key}": value.contiguous() for index, slots in opt["state"].items()
-               for key, value in slots.items()}
+    tensors = {
+        f"{index}.{key}": value.contiguous() for index, slots in opt["state"].items() for key, value in slots.items()
+    }
     tensors["generator"] = generator.get_state()
     save_file(tensors, str(tmp / "optimizer.safetensors"))
     meta = {"progress": progress, "param_groups": opt["param_groups"]}
@@ -164,8 +165,14 @@ def load_state(state_dir: Path, model, optimizer, generator: torch.Generator) ->
     return meta["progress"]
 
 
-def train(model, stream: torch.Tensor, settings: TrainSettings, state_dir: Path | None = None,
-          resume: bool = False, save_at_end: bool = False) -> dict:
+def train(
+    model,
+    stream: torch.Tensor,
+    settings: TrainSettings,
+    state_dir: Path | None = None,
+    resume: bool = False,
+    save_at_end: bool = False,
+) -> dict:
     """The training loop, resumable from `state_dir` (saved every `save_every` steps, and after the last step with
     `save_at_end`, so that the next stage of a curriculum starts from it); returns loss history and timing. A
     resumed run draws the same batches as an uninterrupted one (the sampler's state is saved)."""
@@ -205,17 +212,31 @@ def train(model, stream: torch.Tensor, settings: TrainSettings, state_dir: Path 
             )
             window = []
         if state_dir is not None and (step + 1) % settings.save_every == 0:
-            save_state(state_dir, model, optimizer, generator,
-                       {"step": step + 1, "history": history, "seconds": elapsed, "window": window,
-                        "stages": stages})
+            save_state(
+                state_dir,
+                model,
+                optimizer,
+                generator,
+                {"step": step + 1, "history": history, "seconds": elapsed, "window": window, "stages": stages},
+            )
         if settings.max_minutes is not None and elapsed > settings.max_minutes * 60:
             print(f"[train] stopping early after {step + 1} steps: over --max-minutes", flush=True)
             stopped_early = True
             break
     if save_at_end and state_dir is not None and step + 1 > progress["step"] and (step + 1) % settings.save_every:
-        save_state(state_dir, model, optimizer, generator,
-                   {"step": step + 1, "history": history, "seconds": time.perf_counter() - started,
-                    "window": window, "stages": stages})
+        save_state(
+            state_dir,
+            model,
+            optimizer,
+            generator,
+            {
+                "step": step + 1,
+                "history": history,
+                "seconds": time.perf_counter() - started,
+                "window": window,
+                "stages": stages,
+            },
+        )
     return {
         "steps_done": step + 1,
         "stopped_early": stopped_early,
@@ -234,5 +255,7 @@ def _schedule(settings: dict) -> dict:
 def tokens_seen(stages: list, steps_done: int) -> int:
     """Training tokens over all stages (each runs from its `from_step` to the next stage's, or to the end)."""
     ends = [stage["from_step"] for stage in stages[1:]] + [steps_done]
-    return sum((end - stage["from_step"]) * stage["settings"]["batch_size"] * stage["settings"]["seq_len"]
-               for stage, end in zip(stages, ends))
+    return sum(
+        (end - stage["from_step"]) * stage["settings"]["batch_size"] * stage["settings"]["seq_len"]
+        for stage, end in zip(stages, ends)
+    )
