@@ -8,7 +8,6 @@ free -> every candidate).
 from __future__ import annotations
 
 import functools
-import random
 from collections.abc import Callable
 
 import pytest
@@ -228,53 +227,6 @@ def test_step_gate_notices_a_kind_that_became_faster_within_a_few_explorations()
     first_draft_run = next(i for i in range(4, 320) if choices[i : i + 8] == ["draft"] * 8)
     assert first_draft_run <= 4 + 4 * StepGate.EXPLORE_EVERY  # an exponential average alone: ~14 explorations
     assert choices[-16:].count("draft") >= 15
-
-
-def test_step_gate_fed_expected_tokens_follows_a_kind_whose_draws_are_noisy():
-    """Sampled drafting emits 1 or 2 tokens at random. Judged on those draws, the gate drafted only 17-54% of the
-    steps of this run (ten seeds), where drafting pays 11%: once its draws fall short, the gate tries it once in
-    16-64 steps and its estimate stays low. Fed the expectation (the controller's, with the draws' mean) it follows
-    drafting in every seed, and still leaves a kind whose expectation does not pay."""
-
-    def drafted(seed: int, accept: float) -> float:
-        rng = random.Random(seed)
-        gate = StepGate(("draft", "cheap", "plain"))
-        for _ in range(3000):
-            kind = gate.choose()
-            jitter = 1 + 0.05 * rng.gauss(0, 1)  # the step's measured time is noisy too
-            if kind == "draft":
-                gate.record(kind, 1 + accept, 8.5e-3 * jitter)
-            else:
-                gate.record(kind, 1, 5.8e-3 * jitter * (1.03 if kind == "cheap" else 1.0))
-        return gate.shares()["draft"]
-
-    assert min(drafted(seed, 0.61) for seed in range(5)) >= 0.9  # 190 tokens/s against plain's 172
-    assert max(drafted(seed, 0.40) for seed in range(5)) <= 0.2  # 165 against 172: drafting is only explored
-
-
-def test_the_decoder_feeds_the_gate_the_expected_tokens_of_its_steps(monkeypatch, tiny_llama):
-    expected: list[float] = []
-    fed: list[float] = []
-    select, record = Controller.select, StepGate.record
-
-    def spy_select(self, trie, context):
-        choice = select(self, trie, context)
-        expected.append(choice.expected_tokens)
-        return choice
-
-    def spy_record(self, kind, tokens, seconds):
-        if kind != "plain":
-            fed.append(tokens)
-        record(self, kind, tokens, seconds)
-
-    monkeypatch.setattr(Controller, "select", spy_select)
-    monkeypatch.setattr(StepGate, "record", spy_record)
-    result = engine_for(tiny_llama).generate(
-        PROMPT, 300, sampling=LOCKSTEP, seed=1, ignore_eos=True, mode="tokenswift", speculation=FUSED
-    )
-    assert tuple(result.token_ids) == seeded_ar_ids(tiny_llama, 1)
-    assert fed and fed == expected  # one record per step with candidates, each the controller's expectation
-    assert any(x != int(x) for x in fed)  # expectations, not emitted counts
 
 
 def test_batch_gate_judges_each_row_count_on_its_own():

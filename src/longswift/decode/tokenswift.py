@@ -156,11 +156,7 @@ class TokenSwiftDecoder:
         self.counts.record(trie, result.nodes)
         step_s = self.timer.add("bookkeeping", t3) - t0 - timing
         self.controller.measured(len(trie), self.cache.length, step_s)  # the overhead of steps with candidates
-        # The gate is fed what the step was expected to gain, not what it drew: a sampled drafting step emits 1 or 2
-        # tokens at random, and a gate judging on those draws keeps a kind it once under-estimated for a long time
-        # (it then tries it once in 16-64 steps). The expectation is learned from every step's hindsight, so it has
-        # the draws' mean at far less variance (StepGate.record).
-        self.gate.record(kind, choice.expected_tokens if self.controller.adaptive else len(result.tokens), step_s)
+        self.gate.record(kind, len(result.tokens), step_s)
         self.predicted_s += choice.predicted_s
         self.measured_s += step_s
         return result.tokens
