@@ -200,7 +200,8 @@ def _long_run_section(long_run: Mapping[str, Any] | None) -> list[str]:
     sessions = f" in {long_run['sessions']} sessions (interrupted and resumed)" if long_run["sessions"] > 1 else ""
     return lines + [
         f"- {long_run['tokens']:,} tokens with TokenSwift (tree {spec['tree']}, {spec['ngram_topk']} n-grams, "
-        f"KV budget {spec['kv_budget']:,}) and the default sampling (temperature {sampling['temperature']:g}, "
+        f"lookup chain {spec.get('lookup', 0)}, KV budget {spec['kv_budget']:,}) and the default sampling "
+        f"(temperature {sampling['temperature']:g}, "
         f"min-p {sampling['min_p']:g}, repetition penalty {sampling['repetition_penalty']:g} over the last "
         f"{sampling['penalty_window']:,} tokens), seed {long_run['seed']}, one CPU thread, fp32.",
         f"- Finished in {_minutes(long_run['seconds'])}{sessions}, without NaN or infinite logits: "
