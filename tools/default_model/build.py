@@ -74,7 +74,9 @@ def generate_sample(out_dir: Path, prompt: str = SAMPLE_PROMPT, new_tokens: int 
     torch.manual_seed(SAMPLE_SEED)
     inputs = tokenizer(prompt, return_tensors="pt")
     output = model.generate(**inputs, max_new_tokens=new_tokens, do_sample=True, temperature=0.8, top_k=50)
-    return tokenizer.decode(output[0], skip_special_tokens=False)
+    text = tokenizer.decode(output[0], skip_special_tokens=False)
+    assert isinstance(text, str), "one sequence of ids decodes to one string"
+    return text
 
 
 def build(args: argparse.Namespace) -> None:

@@ -124,7 +124,8 @@ for step in range(steps):
     if step % 100 == 0:
         print(variant, step, round(loss.item(), 3), round(time.time() - t0), flush=True)
 # eval
-hit_c = hit_g = psum = top1p = n = 0
+hit_c = hit_g = n = 0
+psum = top1p = 0.0
 with torch.no_grad():
     for k in range(40):
         w = valid[k * 1025 : k * 1025 + T + 1]
@@ -136,8 +137,8 @@ with torch.no_grad():
         keep = probs >= 0.1 * probs.max(-1, keepdim=True).values  # min-p 0.1, temperature 1
         pm = torch.where(keep, probs, 0)
         pm = pm / pm.sum(-1, keepdim=True)
-        hit_c += (d[:-1] == w[2:T]).sum().item()
-        hit_g += (d == tt.argmax(-1)).sum().item()
+        hit_c += int((d[:-1] == w[2:T]).sum())
+        hit_g += int((d == tt.argmax(-1)).sum())
         psum += pm.gather(1, d[:, None]).sum().item()
         top1p += pm.max(-1).values.sum().item()
         n += d.shape[0]

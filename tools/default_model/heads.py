@@ -195,6 +195,7 @@ def train_default_heads(
     report = train(work_dir, out_dir, settings, resume)
     accuracy, scored = evaluate(work_dir, out_dir, settings)
     named = dict(zip(head_names(settings.gamma), accuracy))
+    wall_seconds = time.perf_counter() - wall_start
     metrics = {
         "settings": asdict(settings),
         "steps_done": report.steps,
@@ -202,7 +203,7 @@ def train_default_heads(
         "train_seconds": report.wall_seconds,
         "seconds_per_step": report.wall_seconds / report.steps,
         "threads": torch.get_num_threads(),
-        "wall_seconds": time.perf_counter() - wall_start,
+        "wall_seconds": wall_seconds,
         "final_train_loss": report.final_loss,
         "train_head_accuracy": report.head_accuracy,
         "valid_head_accuracy": named,
@@ -216,8 +217,7 @@ def train_default_heads(
     (work_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
     summary = ", ".join(f"{name} {value:.3f}" for name, value in named.items())
     print(
-        f"[heads] done in {metrics['wall_seconds'] / 60:.1f} min: train loss {report.final_loss:.4f}; "
-        f"validation top-1: {summary}",
+        f"[heads] done in {wall_seconds / 60:.1f} min: train loss {report.final_loss:.4f}; validation top-1: {summary}",
         flush=True,
     )
     return named

@@ -189,7 +189,7 @@ def reference_repetition(docs: list[list[int]], tokens: int = 20480) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from longswift.model.checkpoint import default_model_dir
+    from longswift.model.checkpoint import model_dir_or_default
 
     from .quality import GREEDY_PROMPT
 
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    report = greedy_long(args.model or default_model_dir(), GREEDY_PROMPT, args.tokens, args.frequency_penalty)
+    report = greedy_long(model_dir_or_default(args.model), GREEDY_PROMPT, args.tokens, args.frequency_penalty)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
 

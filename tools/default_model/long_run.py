@@ -24,7 +24,7 @@ from typing import Any
 
 from longswift.bench.metrics import distinct_n
 from longswift.jobs.state import JobState
-from longswift.model.checkpoint import Checkpoint, default_model_dir
+from longswift.model.checkpoint import Checkpoint, model_dir_or_default
 
 from .corpus import DEFAULT_WORK
 from .model_card import LONG_RUN_FILE
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
             f"longswift exited with {session['exit_code']} after {session['tokens_at_end']:,} tokens; see "
             f"{run_dir / 'log.txt'} (rerun this command to continue from the last checkpoint)"
         )
-    summary = summarise(run_dir, args.model or default_model_dir())
+    summary = summarise(run_dir, model_dir_or_default(args.model))
     (args.work / LONG_RUN_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(json.dumps({k: summary[k] for k in ("tokens", "seconds", "peak_rss_mb", "distinct")}))
 

@@ -39,7 +39,7 @@ import longswift
 from longswift import SamplingConfig
 from longswift.bench.metrics import distinct_n
 from longswift.decode.sampling import TokenChooser
-from longswift.model.checkpoint import Checkpoint, default_model_dir
+from longswift.model.checkpoint import Checkpoint, model_dir_or_default
 
 from . import long_quality
 from .corpus import DEFAULT_WORK
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         help="also run that continuation with this frequency penalty (0: only the paper's penalty)",
     )
     args = parser.parse_args(argv)
-    model_dir = args.model or default_model_dir()
+    model_dir = model_dir_or_default(args.model)
     report = measure(model_dir, args.work, args.short, args.greedy_tokens, args.greedy_frequency)
     args.work.mkdir(parents=True, exist_ok=True)
     (args.work / QUALITY_FILE).write_text(json.dumps(report, indent=2) + "\n")

@@ -35,7 +35,14 @@ from typing import Any
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+)
 
 from .corpus import DEFAULT_WORK, read_jsonl_texts
 from .tokenizer import EOS_TOKEN
@@ -171,10 +178,10 @@ def make_config_portable(out_dir: Path) -> None:
     tokenizer_config_path.write_text(json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")
 
 
-def save_model(model: LlamaForCausalLM, tokenizer_dir: Path, out_dir: Path, eos_id: int) -> int:
+def save_model(model: PreTrainedModel, tokenizer_dir: Path, out_dir: Path, eos_id: int) -> int:
     """Write bf16 safetensors + config + generation config + tokenizer files; return the total size in bytes."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    model = model.to(torch.bfloat16)
+    model.to(torch.bfloat16)  # type: ignore[arg-type]  # in place; transformers' decorator hides Module.to's type
     model.generation_config = GenerationConfig(
         bos_token_id=None, eos_token_id=eos_id, pad_token_id=eos_id, do_sample=False
     )
@@ -216,7 +223,10 @@ def start_run(work_dir: Path, seed: int) -> tuple[Path, Any, int]:
     set_seeds(seed)
     tokenizer_dir = work_dir / "tokenizer"
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    return tokenizer_dir, tokenizer, tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    if not isinstance(eos_id, int):
+        raise SystemExit(f"{tokenizer_dir}: the tokenizer has no single {EOS_TOKEN!r} token")
+    return tokenizer_dir, tokenizer, eos_id
 
 
 def train_base(

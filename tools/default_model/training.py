@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -179,7 +180,7 @@ def train(
     optimizer = make_optimizer(model, settings)
     generator = torch.Generator().manual_seed(settings.seed)
     model.train()
-    progress = {"step": 0, "history": [], "seconds": 0.0, "window": []}
+    progress: dict[str, Any] = {"step": 0, "history": [], "seconds": 0.0, "window": []}
     if resume and state_dir is not None and (state_dir / "state.json").exists():
         progress = load_state(state_dir, model, optimizer, generator)
         print(f"[train] resumed from {state_dir} at step {progress['step']}", flush=True)
