@@ -35,6 +35,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .card_sections import MEASURED_SECTIONS
 from .corpus import DEFAULT_VALID_FRACTION, DEFAULT_WORK, build_corpus
+from .entry import run_tool
 from .heads import HEADS_FILE, HeadsSettings, add_heads_flags, train_default_heads
 from .heads import METRICS_FILE as HEADS_METRICS_FILE
 from .heads import settings_from_args as heads_settings_from_args
@@ -191,4 +192,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_tool(main, "tools.default_model.build")

@@ -31,6 +31,8 @@ import tarfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .entry import run_tool
+
 PACKAGE = "django"
 VERSION = "5.2.8"
 SDIST_NAME = f"{PACKAGE}-{VERSION}.tar.gz"
@@ -260,4 +262,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_tool(main, "tools.default_model.corpus")

@@ -24,6 +24,8 @@ import torch
 from longswift.api import load
 from longswift.model.cache import NoCache
 
+from .entry import run_tool
+
 
 def head_match(model_dir: Path | None, heads: Path, valid: Path, windows: int = 40, seq_len: int = 1024) -> dict:
     engine = load(model_dir, heads=heads, threads=1)
@@ -71,4 +73,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_tool(main, "tools.default_model.head_match")

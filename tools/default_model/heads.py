@@ -49,6 +49,7 @@ from longswift.train import StepStats, TrainConfig, TrainReport, evaluate_heads,
 from longswift.train.distill import DistillConfig, self_distill
 
 from .corpus import DEFAULT_WORK
+from .entry import run_tool
 from .train_base import DEFAULT_OUT, build_threads
 
 METRICS_FILE = "heads_metrics.json"
@@ -257,4 +258,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_tool(main, "tools.default_model.heads")

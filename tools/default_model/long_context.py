@@ -39,6 +39,7 @@ import transformers
 from transformers import AutoModelForCausalLM
 
 from .corpus import DEFAULT_WORK
+from .entry import run_tool
 from .long_docs import build_long_docs, read_units, write_long_docs
 from .train_base import DEFAULT_OUT, encode_stream, save_model, start_run
 from .training import TrainSettings, evaluate, tokens_seen, train
@@ -250,4 +251,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_tool(main, "tools.default_model.long_context")

@@ -44,6 +44,7 @@ from longswift import SamplingConfig
 from longswift.bench.metrics import repeated_shares
 from longswift.decode.sampling import TokenChooser
 
+from .entry import resolve_model, run_tool
 from .long_docs import build_long_docs, read_units, stdlib_units
 
 POSITIONS = (2048, 8192, 16384, 32768)
@@ -189,8 +190,6 @@ def reference_repetition(docs: list[list[int]], tokens: int = 20480) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from longswift.model.checkpoint import model_dir_or_default
-
     from .quality import GREEDY_PROMPT
 
     parser = argparse.ArgumentParser(description="The long greedy continuation of the quality tool, alone.")
@@ -200,10 +199,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    report = greedy_long(model_dir_or_default(args.model), GREEDY_PROMPT, args.tokens, args.frequency_penalty)
+    report = greedy_long(resolve_model(args.model), GREEDY_PROMPT, args.tokens, args.frequency_penalty)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    run_tool(main, "tools.default_model.long_quality")

@@ -24,9 +24,10 @@ from typing import Any
 
 from longswift.bench.metrics import distinct_n
 from longswift.jobs.state import JobState
-from longswift.model.checkpoint import Checkpoint, model_dir_or_default
+from longswift.model.checkpoint import Checkpoint
 
 from .corpus import DEFAULT_WORK
+from .entry import resolve_model, run_tool
 from .model_card import LONG_RUN_FILE
 
 PROMPT = "from django.db import models\n\n\nclass Article(models.Model):\n"
@@ -36,13 +37,15 @@ SAMPLE_SECONDS = 30.0
 POLL_SECONDS = 0.25
 
 
-def command(run_dir: Path, tokens: int, resume: bool) -> list[str]:
-    """The CLI call: TokenSwift (the shipped heads), the CLI's default sampling, seed 0, no EOS stop."""
+def command(run_dir: Path, tokens: int, resume: bool, model: Path | None = None) -> list[str]:
+    """The CLI call: TokenSwift (the model's heads), the CLI's default sampling, seed 0, no EOS stop; `model`
+    None: the embedded model."""
     return [
         sys.executable,
         "-m",
         "longswift",
         "generate",
+        *(["--model", str(model)] if model is not None else []),
         "--mode",
         "tokenswift",
         "--prompt",
@@ -76,7 +79,7 @@ def resident_kb(pid: int) -> int | None:
     return None
 
 
-def run(run_dir: Path, tokens: int) -> dict[str, Any]:
+def run(run_dir: Path, tokens: int, model: Path | None = None) -> dict[str, Any]:
     """One session of the run (a new one, or the continuation of an interrupted one); -> its timing record."""
     run_dir.mkdir(parents=True, exist_ok=True)
     resume = (run_dir / "job.json").exists()
@@ -86,7 +89,8 @@ def run(run_dir: Path, tokens: int) -> dict[str, Any]:
         open(run_dir / "log.txt", "a", encoding="utf-8") as log,
         open(run_dir / "memory.tsv", "a", encoding="utf-8") as memory,
     ):
-        child = subprocess.Popen(command(run_dir, tokens, resume), stdout=subprocess.DEVNULL, stderr=log, env=env)
+        call = command(run_dir, tokens, resume, model)
+        child = subprocess.Popen(call, stdout=subprocess.DEVNULL, stderr=log, env=env)
         next_sample = time.monotonic() + SAMPLE_SECONDS  # the first sample after loading, not during it
         while True:
             pid, status, usage = os.wait4(child.pid, os.WNOHANG)
@@ -155,16 +159,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", type=Path, default=None, help="(default: the embedded model)")
     args = parser.parse_args(argv)
     run_dir = args.work / "long_run"
-    session = run(run_dir, args.tokens)
+    model = resolve_model(args.model)  # before the run: a mistyped --model fails now, not after an hour
+    session = run(run_dir, args.tokens, args.model)
     if session["exit_code"] != 0:
         sys.exit(
             f"longswift exited with {session['exit_code']} after {session['tokens_at_end']:,} tokens; see "
             f"{run_dir / 'log.txt'} (rerun this command to continue from the last checkpoint)"
         )
-    summary = summarise(run_dir, model_dir_or_default(args.model))
+    summary = summarise(run_dir, model)
     (args.work / LONG_RUN_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(json.dumps({k: summary[k] for k in ("tokens", "seconds", "peak_rss_mb", "distinct")}))
 
 
 if __name__ == "__main__":
-    main()
+    run_tool(main, "tools.default_model.long_run")

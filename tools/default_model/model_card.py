@@ -21,6 +21,7 @@ from typing import Any
 
 from .card_sections import splice_sections
 from .corpus import DEFAULT_WORK
+from .entry import run_tool
 from .model_card_long import LATER_PHASE_FILES, LONG_METRICS_FILE, long_context_section, long_quality_lines
 
 DEFAULT_OUT = Path("src/longswift/default_model")
@@ -385,4 +386,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_tool(main, "tools.default_model.model_card")

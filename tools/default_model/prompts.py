@@ -13,6 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
+from .entry import run_tool
+
 WINDOW_CHARS = 9000  # comfortably more than 2,048 tokens of this tokenizer (~3.9 characters per token of Python)
 FRACTIONS = (0.25, 0.6)  # where in each unit the windows start
 MIN_UNIT_CHARS = 4000  # smaller units would mostly be padding from the next prompt
@@ -57,4 +59,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_tool(main, "tools.default_model.prompts")

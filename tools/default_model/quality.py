@@ -39,10 +39,11 @@ import longswift
 from longswift import SamplingConfig
 from longswift.bench.metrics import distinct_n
 from longswift.decode.sampling import TokenChooser
-from longswift.model.checkpoint import Checkpoint, model_dir_or_default
+from longswift.model.checkpoint import Checkpoint
 
 from . import long_quality
 from .corpus import DEFAULT_WORK
+from .entry import resolve_model, run_tool
 from .tokenizer import EOS_TOKEN
 
 QUALITY_FILE = "quality.json"
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         help="also run that continuation with this frequency penalty (0: only the paper's penalty)",
     )
     args = parser.parse_args(argv)
-    model_dir = model_dir_or_default(args.model)
+    model_dir = resolve_model(args.model)
     report = measure(model_dir, args.work, args.short, args.greedy_tokens, args.greedy_frequency)
     args.work.mkdir(parents=True, exist_ok=True)
     (args.work / QUALITY_FILE).write_text(json.dumps(report, indent=2) + "\n")
@@ -223,4 +224,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_tool(main, "tools.default_model.quality")

@@ -31,6 +31,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast  # noqa: E402
 
 from .corpus import DEFAULT_WORK, read_jsonl_texts  # noqa: E402
+from .entry import run_tool
 
 VOCAB_SIZE = 8192
 EOS_TOKEN = "<|endoftext|>"
@@ -150,4 +151,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_tool(main, "tools.default_model.tokenizer")

@@ -45,6 +45,7 @@ from transformers import (
 )
 
 from .corpus import DEFAULT_WORK, read_jsonl_texts
+from .entry import run_tool
 from .tokenizer import EOS_TOKEN
 from .training import (
     RUN_FIELDS,
@@ -346,4 +347,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_tool(main, "tools.default_model.train_base")
