@@ -28,6 +28,8 @@ TINY = CheckConfig.tiny_trial(
     batch_context=48,
     batch_tokens=8,
     identity_tokens=48,
+    sampled_contexts=(96, 200),
+    sampled_tokens=12,
 )
 
 
@@ -64,6 +66,23 @@ def test_the_compile_peer_and_batched_sections_record_their_numbers(tmp_path):
             assert models["llama-3.1-8b"]["hf"]["160"]["ms_per_token"] > 0
         else:
             assert {"warm_s", "warm_first_step_ms"} <= set(models["llama-3.1-8b"]["compile"])
+
+
+def test_the_sampled_section_compares_every_variant_with_ar_on_the_embedded_model(tmp_path):
+    out = tmp_path / "sampled.json"
+    run_section(TINY, "sampled", out, 120)
+    results = json.loads(out.read_text())
+    assert results["errors"] == [] and results["skipped"] == []
+    assert set(results["sampled"]) == {"96", "200"} and results["settings"]["sampled"]["tokens"] == 12
+    row = results["sampled"]["200"]
+    assert row["prompt_tokens"] == 200 and row["ar"]["ms_per_token"] > 0 and "speed_vs_ar" not in row["ar"]
+    for name in ("tokenswift", "head_chain"):  # seeded sampled output is AR's, whatever is drafted
+        assert row[name]["identical_to_ar"] and row[name]["speed_vs_ar"] > 0, name
+    assert row["head_chain"]["drafted_share"] == 1.0 and row["head_chain"]["mean_verified_nodes"] > 1
+    got = {t["name"]: (t["measured"], t["pass"]) for t in evaluate(results, TINY)}
+    assert got["embedded model: sampled, identical to AR at 200 (1 = yes)"] == (1.0, True)
+    speed = results["sampled"]["96"]["tokenswift"]["speed_vs_ar"]
+    assert got["embedded model: sampled TokenSwift vs AR at 96"] == (speed, speed >= 1.25)
 
 
 FAKE_CHILD = """
@@ -160,7 +179,7 @@ def test_pytest_and_demo_lines_are_read():
 def test_the_plan_is_ordered_by_value_and_the_config_travels_as_json():
     names = [s.name for s in section_plan(CheckConfig())]
     assert names[:4] == ["shape:llama-3.1-8b", "shape:qwen2.5-1.5b", "cuda_tests", "demo"]
-    assert set(names[4:]) == {"compile:llama-3.1-8b", "hf:llama-3.1-8b", "batched", "identity"}
+    assert set(names[4:]) == {"compile:llama-3.1-8b", "hf:llama-3.1-8b", "batched", "identity", "sampled"}
     assert [s.name for s in section_plan(CheckConfig(sections=("shape", "demo")))] == names[:2] + ["demo"]
     assert CheckConfig.from_json(TINY.to_json()) == TINY
 

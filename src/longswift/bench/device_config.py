@@ -18,7 +18,8 @@ import torch
 GPU_CONTEXTS = (4096, 32768, 100_000)
 TINY_CONTEXTS = (256, 1024, 2048)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-SECTION_KINDS = ("shape", "cuda_tests", "demo", "compile", "hf", "batched", "identity")
+SECTION_KINDS = ("shape", "cuda_tests", "demo", "compile", "hf", "batched", "identity", "sampled")
+SAMPLED_CONTEXTS = (8192, 20480)  # issue 39's sampled target: >= 1.25x AR at 8K and 20K
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class CheckConfig:
     warm_models: tuple[str, ...] = ("llama-3.1-8b",)  # compile warm (a second process): the target's shape
     demo_tokens: int = 0  # 0: the demo's own default (what a user runs)
     identity_tokens: int = 1000
+    sampled_contexts: tuple[int, ...] = SAMPLED_CONTEXTS  # the embedded model's held-out prompts (device_sampled)
+    sampled_tokens: int = 512  # sampled new tokens per variant and context
     sections: tuple[str, ...] = ()  # only these section names (or kinds); () = all
 
     @classmethod
@@ -61,6 +64,8 @@ class CheckConfig:
             replay_tokens=64,
             demo_tokens=128,
             identity_tokens=200,
+            sampled_contexts=(256, 512),
+            sampled_tokens=32,
         )
         return cls(**{**base, **changes})
 
@@ -102,7 +107,15 @@ class SectionPlan:
 
 # GPU budgets (seconds, the section's process start-up included). Expected use per section is in BENCHMARKS.md.
 SHAPE_BUDGET_S = {"llama-3.1-8b": 115.0, "qwen2.5-1.5b": 85.0}
-BUDGET_S = {"cuda_tests": 95.0, "demo": 65.0, "compile": 30.0, "hf": 60.0, "batched": 45.0, "identity": 30.0}
+BUDGET_S = {
+    "cuda_tests": 95.0,
+    "demo": 65.0,
+    "compile": 30.0,
+    "hf": 60.0,
+    "batched": 45.0,
+    "identity": 30.0,
+    "sampled": 60.0,
+}
 # The CPU trial's (two shared cores compile slowly; the sizes are tiny).
 TINY_BUDGET_S = {
     "shape": 75.0,
@@ -112,6 +125,7 @@ TINY_BUDGET_S = {
     "hf": 30.0,
     "batched": 40.0,
     "identity": 75.0,
+    "sampled": 60.0,
 }
 
 
@@ -135,6 +149,7 @@ def section_plan(cfg: CheckConfig) -> list[SectionPlan]:
         SectionPlan(f"hf:{cfg.hf_model}", budget("hf"), "transformers' static-cache compiled decoder: the peer"),
         SectionPlan("batched", budget("batched"), f"B={cfg.batch_size} AR and TokenSwift vs sequential"),
         SectionPlan("identity", budget("identity"), "fp32 greedy identity, eager and compiled, embedded model"),
+        SectionPlan("sampled", budget("sampled"), "sampled TokenSwift vs AR, embedded model, 8K and 20K (issue 39)"),
     ]
     if cfg.sections:
         plan = [s for s in plan if s.name in cfg.sections or s.kind in cfg.sections]

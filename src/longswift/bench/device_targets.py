@@ -76,6 +76,31 @@ def evaluate(results: dict[str, Any], cfg: CheckConfig) -> list[dict[str, Any]]:
     )
     out += _peer_targets(results, cfg, short, long)
     out += _run_targets(results, cfg, big)
+    out += _sampled_targets(results, cfg)
+    return out
+
+
+def _sampled_targets(results: dict[str, Any], cfg: CheckConfig) -> list[dict[str, Any]]:
+    """Issue 39's sampled target on the device: the defaults' TokenSwift >= 1.25x AR, and its seeded output AR's."""
+    out = []
+    for ctx in cfg.sampled_contexts:
+        row = _get(results, "sampled", ctx, "tokenswift") or {}
+        same = row.get("identical_to_ar")
+        source = f"sampled.{ctx}.tokenswift"
+        out.append(
+            target(
+                f"embedded model: sampled TokenSwift vs AR at {ctx}", ">=", 1.25, _num(row.get("speed_vs_ar")), source
+            )
+        )
+        out.append(
+            target(
+                f"embedded model: sampled, identical to AR at {ctx} (1 = yes)",
+                ">=",
+                1.0,
+                None if same is None else float(same),
+                source,
+            )
+        )
     return out
 
 
