@@ -38,8 +38,10 @@ def test_interrupted_is_130_and_says_how_to_continue(capsys):
     def interrupted() -> None:
         raise KeyboardInterrupt
 
-    code, err = _exit_of(interrupted, capsys)
-    assert code == 130 and "rerun the same command" in err
+    with pytest.raises(SystemExit) as stopped:
+        run_tool(interrupted, "tools.default_model.x", "rerun with --resume")
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err == "tools.default_model.x: error: interrupted (rerun with --resume)\n"
 
 
 def test_a_bug_keeps_its_traceback_and_success_exits_0(capsys):
@@ -57,11 +59,30 @@ def test_a_directory_without_config_is_not_a_model(tmp_path):
     assert resolve_model(None).joinpath("config.json").is_file()  # the embedded model
 
 
-def test_long_run_generates_with_the_model_it_was_given(tmp_path):
+def test_long_run_generates_with_the_model_it_was_given(tmp_path, monkeypatch):
     """--model reaches the generation, not only the summary's fingerprint check."""
     call = long_run.command(tmp_path, 10, False, tmp_path / "m")
     assert call[call.index("--model") + 1] == str(tmp_path / "m")
     assert "--model" not in long_run.command(tmp_path, 10, False)
+    model = resolve_model(None)
+    runs = []
+
+    def failed_run(run_dir: Path, tokens: int, given: Path | None = None) -> dict:
+        runs.append(given)
+        return {"exit_code": 1, "tokens_at_end": 0}
+
+    monkeypatch.setattr(long_run, "run", failed_run)
+    with pytest.raises(SystemExit, match="longswift exited with 1"):
+        long_run.main(["--model", str(model), "--work", str(tmp_path), "--tokens", "10"])
+    assert runs == [model]
+
+
+def test_the_tools_exit_codes_are_the_clis():
+    from tools.default_model import entry
+
+    from longswift.cli import job
+
+    assert (entry.EXIT_USER_ERROR, entry.EXIT_INTERRUPTED) == (job.EXIT_USER_ERROR, job.EXIT_INTERRUPTED)
 
 
 def test_a_mistyped_model_ends_the_quality_tool_with_one_line(tmp_path):

@@ -192,4 +192,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_tool(main, "tools.default_model.build")
+    run_tool(
+        main, "tools.default_model.build", "rerun the same command with --resume (--heads-resume for the heads stage)"
+    )

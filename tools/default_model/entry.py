@@ -1,10 +1,11 @@
 """How the build tools end: one clear line and a non-zero exit on bad input, as the `longswift` CLI does.
 
-Every `python -m tools.default_model.<tool>` runs its `main` through `run_tool`. A missing or unreadable model, a
-corrupt file, a full disk or an interrupted stage ends the tool with one line on stderr instead of a traceback;
-everything the stages already wrote stays (they are resumable: rerunning the command continues). Errors that are
-not the input's (a bug) keep their traceback, since that is what a maintainer needs to fix them.
-longswift is imported only where needed: the corpus and tokenizer stages run without torch.
+Every `python -m tools.default_model.<tool>` runs its `main` through `run_tool`. The engine's own errors (a missing
+or unusable model, heads trained for another model: `LongswiftError`), a file that is missing or unreadable and a
+full disk (`OSError`) end the tool with one line on stderr instead of a traceback, and an interruption with one
+line that says how to continue; what the stages already saved stays. Anything else (a bug, or a saved state that
+was damaged by hand) keeps its traceback, since that is what a maintainer needs. longswift is imported only where
+needed: the corpus and tokenizer stages run without torch.
 """
 
 from __future__ import annotations
@@ -14,13 +15,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+EXIT_USER_ERROR = 2  # the longswift CLI's codes (cli/job.py; a test keeps them equal), not imported: no torch here
+EXIT_INTERRUPTED = 130
 
-def run_tool(main: Callable[[], object], name: str) -> NoReturn:
-    """Run a tool's `main` and exit: 0 when it returns, 2 with one line for a user's error, 130 when interrupted."""
+
+def run_tool(main: Callable[[], object], name: str, resume: str = "") -> NoReturn:
+    """Run a tool's `main` and exit: 0 when it returns, 2 with one line for a user's error, 130 when interrupted.
+
+    `resume`: how an interrupted run of this tool continues (e.g. "rerun with --resume"); empty for tools that
+    keep nothing worth continuing."""
     try:
         main()
     except KeyboardInterrupt:
-        _fail(name, "interrupted (rerun the same command to continue from the last saved state)", interrupted=True)
+        _fail(name, f"interrupted{f' ({resume})' if resume else ''}", interrupted=True)
     except Exception as exc:
         if not _users_error(exc):
             raise
@@ -48,7 +55,5 @@ def _users_error(exc: Exception) -> bool:
 
 
 def _fail(name: str, message: str, interrupted: bool = False) -> NoReturn:
-    from longswift.cli.job import EXIT_INTERRUPTED, EXIT_USER_ERROR  # the CLI's exit codes
-
     sys.stderr.write(f"{name}: error: {message}\n")
     sys.exit(EXIT_INTERRUPTED if interrupted else EXIT_USER_ERROR)

@@ -258,4 +258,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_tool(main, "tools.default_model.heads")
+    run_tool(main, "tools.default_model.heads", "rerun with --heads-resume to continue from the last saved state")

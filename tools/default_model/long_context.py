@@ -251,4 +251,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_tool(main, "tools.default_model.long_context")
+    run_tool(main, "tools.default_model.long_context", "rerun with --resume to continue from the last saved state")

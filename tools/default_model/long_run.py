@@ -122,8 +122,9 @@ def tokens_done(run_dir: Path) -> int:
     return len(JobState.load(job).generated_ids) if job.exists() else 0
 
 
-def summarise(run_dir: Path, model_dir: Path) -> dict[str, Any]:
-    """The figures of a finished run: time, peak and steady memory, Distinct-1..4, for the model card."""
+def summarise(run_dir: Path, model_dir: Path, given: Path | None = None) -> dict[str, Any]:
+    """The figures of a finished run: time, peak and steady memory, Distinct-1..4, for the model card. `given`:
+    the --model the run was started with (None: the embedded model), for the recorded command."""
     state = JobState.load(run_dir / "job.json")
     sessions = [json.loads(line) for line in (run_dir / "sessions.jsonl").read_text().splitlines() if line]
     memory = run_dir / "memory.tsv"
@@ -148,7 +149,8 @@ def summarise(run_dir: Path, model_dir: Path) -> dict[str, Any]:
         "seed": SEED,
         "model_fingerprint": state.model_fingerprint,
         "current_model": state.model_fingerprint == Checkpoint.open(model_dir).fingerprint(),
-        "command": f"python -m tools.default_model.long_run --tokens {len(ids)}",
+        "command": f"python -m tools.default_model.long_run --tokens {len(ids)}"
+        + (f" --model {given}" if given is not None else ""),
     }
 
 
@@ -166,10 +168,10 @@ def main(argv: list[str] | None = None) -> None:
             f"longswift exited with {session['exit_code']} after {session['tokens_at_end']:,} tokens; see "
             f"{run_dir / 'log.txt'} (rerun this command to continue from the last checkpoint)"
         )
-    summary = summarise(run_dir, model)
+    summary = summarise(run_dir, model, args.model)
     (args.work / LONG_RUN_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(json.dumps({k: summary[k] for k in ("tokens", "seconds", "peak_rss_mb", "distinct")}))
 
 
 if __name__ == "__main__":
-    run_tool(main, "tools.default_model.long_run")
+    run_tool(main, "tools.default_model.long_run", "rerun the same command to continue from the last checkpoint")

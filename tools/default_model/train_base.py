@@ -347,4 +347,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_tool(main, "tools.default_model.train_base")
+    run_tool(main, "tools.default_model.train_base", "rerun with --resume to continue from the last saved state")

@@ -235,33 +235,6 @@ def batch_section(cfg: CheckConfig, rec: Recorder) -> None:
     batched_speed(cfg, device, dtype, rec, entry)
 
 
-def sampled_section(cfg: CheckConfig, rec: Recorder) -> None:
-    """Sampled TokenSwift vs AR on the embedded model, one part per context (device_sampled.py says why)."""
-    from .device_sampled import load_embedded, sampled_context
-    from .prompts import load_prompts
-
-    device, _ = _setup(cfg, rec)
-    built: dict[str, Any] = {}
-    if not rec.part("embedded model, fp32", 5, lambda: {"engine": load_embedded(device)}, built, "loaded"):
-        return
-    engine = built["loaded"].pop("engine")
-    into: dict[str, Any] = rec.results.setdefault("sampled", {})
-    for ctx in cfg.sampled_contexts:
-        prompt: list[int] = load_prompts(engine.tokenizer, None, ctx, 1).ids[0]
-
-        def measure(prompt: list[int] = prompt) -> dict[str, Any]:
-            return sampled_context(engine, prompt, cfg.sampled_tokens, None if cfg.compile else "off")
-
-        rec.part(f"sampled at {ctx}", 10, measure, into, str(ctx))
-    rec.results.setdefault("settings", {})["sampled"] = {
-        "sampling": "paper (temperature 1, min-p 0.1, penalty 1.2 over 1024), seed 0",
-        "dtype": "fp32",
-        "compile": "engine default" if cfg.compile else "off",
-        "tokens": cfg.sampled_tokens,
-        "contexts": list(cfg.sampled_contexts),
-    }
-
-
 def run_section(cfg: CheckConfig, section: str, out: Path, limit_s: float) -> dict[str, Any]:
     """Run the named section (`device_config.SECTION_KINDS`) within `limit_s` seconds, recording into `out`."""
     rec = Recorder(out, time.perf_counter() + limit_s)
@@ -277,6 +250,8 @@ def run_section(cfg: CheckConfig, section: str, out: Path, limit_s: float) -> di
     elif kind == "identity":
         identity_section(cfg, rec)
     elif kind == "sampled":
+        from .device_sampled import sampled_section
+
         sampled_section(cfg, rec)
     else:
         raise ValueError(f"unknown section {section!r}")
