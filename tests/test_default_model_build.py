@@ -128,6 +128,34 @@ def test_an_interrupted_base_training_resumes_to_the_same_weights(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state"]  # no .tmp / .old left behind
 
 
+def _saved_at_step_4(tmp_path):
+    config, settings, stream = _tiny_training(tmp_path, 6)
+    state = tmp_path / "state"
+    four = training.TrainSettings(**{**settings.__dict__, "save_every": 4})
+    training.train(train_base.build_model(config, 1), stream, four, state)
+    return config, settings, stream, state
+
+
+def test_a_crash_between_the_saves_renames_resumes_from_the_previous_state(tmp_path, capsys):
+    config, settings, stream, state = _saved_at_step_4(tmp_path)
+    state.rename(tmp_path / "state.old")  # killed after moving the old state aside, before the new one moved in
+    assert training.train(train_base.build_model(config, 7), stream, settings, state, resume=True)["steps_done"] == 6
+    out = capsys.readouterr().out
+    assert "restored" in out and f"resumed from {state} at step 4" in out  # not started over from step 0
+    assert not (tmp_path / "state.old").exists()
+
+
+@pytest.mark.parametrize("damage", ["state.json", "optimizer.safetensors", "model.safetensors"])
+def test_a_damaged_training_state_is_one_line_that_names_it(tmp_path, damage):
+    from longswift.errors import ResumeError
+
+    config, settings, stream, state = _saved_at_step_4(tmp_path)
+    target = state / damage
+    target.write_bytes(target.read_bytes()[: len(target.read_bytes()) // 2])  # cut short
+    with pytest.raises(ResumeError, match=r"cannot resume from .*state: damaged training state .*move it away"):
+        training.train(train_base.build_model(config, 7), stream, settings, state, resume=True)
+
+
 def test_build_threads_default_to_one_and_refuse_nonsense(monkeypatch):
     monkeypatch.delenv(train_base.THREADS_ENV, raising=False)
     assert train_base.build_threads() == 1

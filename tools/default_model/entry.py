@@ -3,9 +3,10 @@
 Every `python -m tools.default_model.<tool>` runs its `main` through `run_tool`. The engine's own errors (a missing
 or unusable model, heads trained for another model: `LongswiftError`), a file that is missing or unreadable and a
 full disk (`OSError`) end the tool with one line on stderr instead of a traceback, and an interruption with one
-line that says how to continue; what the stages already saved stays. Anything else (a bug, or a saved state that
-was damaged by hand) keeps its traceback, since that is what a maintainer needs. longswift is imported only where
-needed: the corpus and tokenizer stages run without torch.
+line that says how to continue; what the stages already saved stays. A training state that cannot be read back
+is a `ResumeError` (training.load_state) and ends the same way. Anything else (a bug) keeps its traceback, since
+that is what a maintainer needs. longswift is imported only where needed: the corpus and tokenizer stages run
+without torch.
 """
 
 from __future__ import annotations

@@ -152,18 +152,42 @@ def save_state(state_dir: Path, model, optimizer, generator: torch.Generator, pr
 
 
 def load_state(state_dir: Path, model, optimizer, generator: torch.Generator) -> dict:
-    """Restore what `save_state` wrote; return its progress record (step, history, elapsed seconds)."""
-    weights = load_file(str(state_dir / "model.safetensors"))
-    model.load_state_dict(weights, strict=False)  # lm_head.weight is tied to the embedding
-    meta = json.loads((state_dir / "state.json").read_text())
-    tensors = load_file(str(state_dir / "optimizer.safetensors"))
-    generator.set_state(tensors.pop("generator"))
-    slots: dict[int, dict[str, torch.Tensor]] = {}
-    for key, value in tensors.items():
-        index, name = key.split(".", 1)
-        slots.setdefault(int(index), {})[name] = value
-    optimizer.load_state_dict({"state": slots, "param_groups": meta["param_groups"]})
-    return meta["progress"]
+    """Restore what `save_state` wrote; return its progress record (step, history, elapsed seconds).
+
+    A state that cannot be read back (a file cut short or edited by hand, another model's weights) is refused with
+    one line naming the directory, instead of a traceback from safetensors, json or torch: the tool's user is told
+    what to move away, and nothing else is touched."""
+    from safetensors import SafetensorError
+
+    from longswift.errors import ResumeError
+
+    try:
+        weights = load_file(str(state_dir / "model.safetensors"))
+        model.load_state_dict(weights, strict=False)  # lm_head.weight is tied to the embedding
+        meta = json.loads((state_dir / "state.json").read_text())
+        tensors = load_file(str(state_dir / "optimizer.safetensors"))
+        generator.set_state(tensors.pop("generator"))
+        slots: dict[int, dict[str, torch.Tensor]] = {}
+        for key, value in tensors.items():
+            index, name = key.split(".", 1)
+            slots.setdefault(int(index), {})[name] = value
+        optimizer.load_state_dict({"state": slots, "param_groups": meta["param_groups"]})
+        return meta["progress"]
+    except (SafetensorError, ValueError, KeyError, TypeError, RuntimeError, OSError) as exc:
+        detail = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ResumeError(
+            f"cannot resume from {state_dir}: damaged training state ({type(exc).__name__}: {detail}); "
+            "move it away to train this stage from its start"
+        ) from None
+
+
+def recover_state(state_dir: Path) -> None:
+    """Put back the previous state when a crash fell between `save_state`'s two renames (the directory moved to
+    `.old`, the new one not yet in place): without this a resumed run would find no state and start over."""
+    old = state_dir.with_name(state_dir.name + ".old")
+    if not state_dir.exists() and (old / "state.json").exists():
+        old.rename(state_dir)
+        print(f"[train] restored {state_dir} from {old.name} (a save was interrupted)", flush=True)
 
 
 def train(
@@ -181,6 +205,8 @@ def train(
     generator = torch.Generator().manual_seed(settings.seed)
     model.train()
     progress: dict[str, Any] = {"step": 0, "history": [], "seconds": 0.0, "window": []}
+    if resume and state_dir is not None:
+        recover_state(state_dir)
     if resume and state_dir is not None and (state_dir / "state.json").exists():
         progress = load_state(state_dir, model, optimizer, generator)
         print(f"[train] resumed from {state_dir} at step {progress['step']}", flush=True)
